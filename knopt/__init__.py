@@ -1,0 +1,78 @@
+"""knopt: an optimizing compiler for neural networks.
+
+ONNX models are loaded into a small graph IR, optimized by equality saturation over rewrite
+rules written in egglog (`rules/*.egg`), and run on the CPU (numpy, the reference) or on NVIDIA
+GPUs.
+
+    import knopt
+    session = knopt.compile("model.onnx")
+    (logits,) = session.run(None, {"x": x})
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from knopt.errors import (
+    CodegenError,
+    CudaError,
+    InputError,
+    InvalidGraphError,
+    InvalidModelError,
+    KnoptError,
+    OptimizeError,
+    RuleFileError,
+    UnsupportedModelError,
+)
+from knopt.ir.graph import Graph
+from knopt.session import Session
+
+__version__ = "0.1.0"
+
+
+def load(source: str | os.PathLike[str] | bytes, dims: Mapping[str, int] | None = None) -> Graph:
+    """Load an ONNX model (a path or the bytes of one) as an IR graph.
+
+    Args:
+        source: The model file, or its contents.
+        dims: Values for symbolic input sizes, by name (such as `{"batch": 1}`); sizes not
+            given stay symbolic and are bound when the model runs.
+
+    Raises:
+        InvalidModelError: If the file is not a readable ONNX model.
+        UnsupportedModelError: If the model uses something knopt does not support.
+        InvalidGraphError: If the model's graph is malformed.
+    """
+    from knopt.onnx import import_model, load_model
+
+    return import_model(load_model(source), dims)
+
+
+def compile(  # noqa: A001  (the public name mirrors torch.compile)
+    model: Graph | str | os.PathLike[str] | bytes, device: str = "cpu"
+) -> Session:
+    """Prepare a model to run on `device` ("cpu").
+
+    Raises:
+        KnoptError: If loading fails or the device is not available.
+    """
+    graph = model if isinstance(model, Graph) else load(model)
+    return Session(graph, device)
+
+
+__all__ = [
+    "CodegenError",
+    "CudaError",
+    "Graph",
+    "InputError",
+    "InvalidGraphError",
+    "InvalidModelError",
+    "KnoptError",
+    "OptimizeError",
+    "RuleFileError",
+    "Session",
+    "UnsupportedModelError",
+    "compile",
+    "load",
+]

@@ -1,0 +1,9 @@
+"""The subcommands of `knopt`. Each module has `add_parser(subparsers)` that sets `run`."""
+
+from types import ModuleType
+
+from knopt.commands import demo
+
+COMMANDS: list[ModuleType] = [demo]
+
+__all__ = ["COMMANDS"]

@@ -1,0 +1,238 @@
+"""One small numpy function per IR op: the CPU executor's table, and the oracle of knopt.
+
+Each function takes the op (its attributes) and the input arrays and returns the result array.
+They favour obvious correctness; speed comes from numpy and BLAS doing the inner loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from knopt.cpu.conv import conv, pool
+from knopt.cpu.elementwise import NUMPY_BINARY, NUMPY_UNARY
+from knopt.ir import op as ops
+from knopt.ir.op import PadMode, Reduction, ScatterReduction
+
+Array = np.ndarray
+Kernel = Callable[..., Array]
+
+
+def _view(op: ops.View, x: Array) -> Array:
+    return x.reshape(op.shape)  # type: ignore[arg-type]
+
+
+def _broadcast(op: ops.Broadcast, x: Array) -> Array:
+    return np.broadcast_to(x, op.shape)  # type: ignore[arg-type]
+
+
+def _permute(op: ops.Permute, x: Array) -> Array:
+    return np.transpose(x, op.perm)
+
+
+def _slice(op: ops.Slice, x: Array) -> Array:
+    index = [slice(None)] * x.ndim
+    index[op.axis] = slice(op.start, op.stop, op.step)  # type: ignore[arg-type]
+    return x[tuple(index)]
+
+
+def _flip(op: ops.Flip, x: Array) -> Array:
+    return np.flip(x, op.axis)
+
+
+_PAD_MODES = {
+    PadMode.CONSTANT: "constant",
+    PadMode.REFLECT: "reflect",
+    PadMode.EDGE: "edge",
+    PadMode.WRAP: "wrap",
+}
+
+
+def _pad(op: ops.Pad, x: Array) -> Array:
+    if op.mode is PadMode.CONSTANT:
+        value = np.array(op.value).astype(x.dtype)
+        return np.pad(x, op.pads, mode="constant", constant_values=value)
+    return np.pad(x, op.pads, mode=_PAD_MODES[op.mode])  # type: ignore[call-overload]
+
+
+def _concat(op: ops.Concat, *xs: Array) -> Array:
+    return np.concatenate(xs, axis=op.axis)
+
+
+def _gather(op: ops.Gather, x: Array, indices: Array) -> Array:
+    size = x.shape[op.axis]
+    wrapped = np.where(indices < 0, indices + size, indices)
+    return np.take(x, wrapped, axis=op.axis)
+
+
+_SCATTER_UFUNCS: dict[ScatterReduction, Any] = {
+    ScatterReduction.ADD: np.add,
+    ScatterReduction.MUL: np.multiply,
+    ScatterReduction.MAX: np.maximum,
+    ScatterReduction.MIN: np.minimum,
+}
+
+
+def _scatter(op: ops.Scatter, data: Array, indices: Array, updates: Array) -> Array:
+    out = data.copy()
+    size = data.shape[op.axis]
+    index = list(np.indices(indices.shape, sparse=True))
+    index[op.axis] = np.where(indices < 0, indices + size, indices)
+    if op.reduction is ScatterReduction.NONE:
+        out[tuple(index)] = updates
+    else:
+        _SCATTER_UFUNCS[op.reduction].at(out, tuple(index), updates)
+    return out
+
+
+def _cast(op: ops.Cast, x: Array) -> Array:
+    target = op.dtype.numpy
+    if np.issubdtype(target, np.integer) and np.issubdtype(x.dtype, np.floating):
+        x = np.trunc(x)  # float to int truncates toward zero
+    with np.errstate(invalid="ignore", over="ignore"):
+        return x.astype(target)
+
+
+def _unary(op: ops.UnaryOp, x: Array) -> Array:
+    with np.errstate(all="ignore"):
+        return np.asarray(NUMPY_UNARY[op.kind](x))
+
+
+def _binary(op: ops.BinaryOp, a: Array, b: Array) -> Array:
+    with np.errstate(all="ignore"):
+        return np.asarray(NUMPY_BINARY[op.kind](a, b))
+
+
+def _clamp(op: ops.Clamp, x: Array) -> Array:
+    if np.issubdtype(x.dtype, np.integer):
+        info = np.iinfo(x.dtype)
+        lo = max(op.lo, info.min)
+        hi = min(op.hi, info.max)
+        return np.clip(x, int(np.ceil(lo)), int(np.floor(hi))).astype(x.dtype)
+    return np.minimum(np.maximum(x, x.dtype.type(op.lo)), x.dtype.type(op.hi))
+
+
+def _where(op: ops.Where, condition: Array, x: Array, y: Array) -> Array:
+    return np.where(condition, x, y)
+
+
+_REDUCERS: dict[Reduction, Any] = {
+    Reduction.SUM: np.sum,
+    Reduction.PROD: np.prod,
+    Reduction.MAX: np.max,
+    Reduction.MIN: np.min,
+}
+
+
+def _reduce(op: ops.Reduce, x: Array) -> Array:
+    if x.size == 0 and op.kind in (Reduction.MAX, Reduction.MIN):
+        shape = tuple(1 if i in op.axes else d for i, d in enumerate(x.shape))
+        fill = _extreme(x.dtype, lowest=op.kind is Reduction.MAX)
+        return np.full(shape, fill, x.dtype)
+    return np.asarray(_REDUCERS[op.kind](x, axis=op.axes, keepdims=True)).astype(x.dtype)
+
+
+def _extreme(dtype: np.dtype, *, lowest: bool) -> Any:
+    if np.issubdtype(dtype, np.floating):
+        return -np.inf if lowest else np.inf
+    if dtype == np.bool_:
+        return not lowest
+    info = np.iinfo(dtype)
+    return info.min if lowest else info.max
+
+
+def _arg_reduce(op: ops.ArgReduce, x: Array) -> Array:
+    if op.last:
+        flipped = np.flip(x, op.axis)
+        found = _arg_reduce(ops.ArgReduce(op.axis, op.largest, False), flipped)
+        return (x.shape[op.axis] - 1 - found).astype(np.int64)
+    pick = np.argmax if op.largest else np.argmin
+    return np.expand_dims(pick(x, axis=op.axis), op.axis).astype(np.int64)
+
+
+def _arg_sort(op: ops.ArgSort, x: Array) -> Array:
+    if not op.descending:
+        return np.argsort(x, axis=op.axis, kind="stable").astype(np.int64)
+    # Descending with ties in index order: sort the reversed array ascending, stably, and
+    # map the indices back. Negation would overflow the smallest integer.
+    n = x.shape[op.axis]
+    reversed_order = np.argsort(np.flip(x, op.axis), axis=op.axis, kind="stable")
+    return np.flip(n - 1 - reversed_order, op.axis).astype(np.int64)
+
+
+def _cumsum(op: ops.CumSum, x: Array) -> Array:
+    if op.reverse:
+        x = np.flip(x, op.axis)
+    out = np.cumsum(x, axis=op.axis, dtype=x.dtype)
+    if op.exclusive:
+        out = out - x
+    return np.flip(out, op.axis) if op.reverse else out
+
+
+def _matmul(op: ops.MatMul, a: Array, b: Array) -> Array:
+    return np.matmul(a, b)
+
+
+def _softmax(op: ops.Softmax, x: Array) -> Array:
+    shifted = x - np.max(x, axis=op.axis, keepdims=True)
+    e = np.exp(shifted)
+    return (e / np.sum(e, axis=op.axis, keepdims=True)).astype(x.dtype)
+
+
+def _layer_norm(op: ops.LayerNorm, x: Array) -> Array:
+    axes = tuple(range(op.axis, x.ndim))
+    mean = np.mean(x, axis=axes, keepdims=True)
+    centered = x - mean
+    var = np.mean(centered * centered, axis=axes, keepdims=True)
+    return (centered / np.sqrt(var + np.asarray(op.eps, x.dtype))).astype(x.dtype)
+
+
+def _rms_norm(op: ops.RmsNorm, x: Array) -> Array:
+    axes = tuple(range(op.axis, x.ndim))
+    ms = np.mean(x * x, axis=axes, keepdims=True)
+    return (x / np.sqrt(ms + np.asarray(op.eps, x.dtype))).astype(x.dtype)
+
+
+def _iota(op: ops.Iota) -> Array:
+    return np.arange(op.length, dtype=op.dtype.numpy)  # type: ignore[call-overload]
+
+
+def _sizes(op: ops.Sizes) -> Array:
+    return np.array(op.dims, dtype=op.dtype.numpy)
+
+
+def _constant(op: ops.Constant) -> Array:
+    return op.data.array
+
+
+KERNELS: dict[type[ops.Op], Kernel] = {
+    ops.Constant: _constant,
+    ops.Iota: _iota,
+    ops.Sizes: _sizes,
+    ops.View: _view,
+    ops.Broadcast: _broadcast,
+    ops.Permute: _permute,
+    ops.Slice: _slice,
+    ops.Flip: _flip,
+    ops.Pad: _pad,
+    ops.Concat: _concat,
+    ops.Gather: _gather,
+    ops.Scatter: _scatter,
+    ops.Cast: _cast,
+    ops.UnaryOp: _unary,
+    ops.BinaryOp: _binary,
+    ops.Clamp: _clamp,
+    ops.Where: _where,
+    ops.Reduce: _reduce,
+    ops.ArgReduce: _arg_reduce,
+    ops.ArgSort: _arg_sort,
+    ops.CumSum: _cumsum,
+    ops.MatMul: _matmul,
+    ops.Conv: conv,
+    ops.Pool: pool,
+    ops.Softmax: _softmax,
+    ops.LayerNorm: _layer_norm,
+    ops.RmsNorm: _rms_norm,
+}

@@ -1,0 +1,59 @@
+"""The errors knopt raises. Every one derives from `KnoptError`.
+
+Each message names the culprit (a node, a file, a rule, a CUDA call) and says what to do.
+"""
+
+from __future__ import annotations
+
+
+class KnoptError(Exception):
+    """Base class of every error knopt raises on purpose."""
+
+
+class InvalidModelError(KnoptError):
+    """A model file is not a readable ONNX model (truncated, not protobuf, unsafe paths)."""
+
+
+class UnsupportedModelError(KnoptError):
+    """The model uses an op, attribute, dtype or shape that knopt does not support."""
+
+
+class InvalidGraphError(KnoptError):
+    """An IR graph breaks an invariant: a cycle, a dangling value, a shape that cannot be."""
+
+
+class InputError(KnoptError):
+    """The inputs given to a session do not match the model (names, shapes, dtypes)."""
+
+
+class RuleFileError(KnoptError):
+    """A rule file failed to parse or type-check, or a rule misbehaved at run time."""
+
+
+class OptimizeError(KnoptError):
+    """The optimizer produced something it cannot use (a knopt bug or an unsound rule)."""
+
+
+class CodegenError(KnoptError):
+    """A kernel template or plan that knopt produced is wrong. Always a knopt bug."""
+
+
+class CudaError(KnoptError):
+    """A CUDA, NVRTC, cuBLASLt or cuDNN call failed.
+
+    Attributes:
+        call: The name of the failing call.
+        status: The status code or name the library returned, if any.
+        log: Extra diagnostic text (an NVRTC compile log, for instance).
+    """
+
+    def __init__(self, call: str, status: object = None, log: str = "") -> None:
+        self.call = call
+        self.status = status
+        self.log = log
+        message = f"{call} failed"
+        if status is not None:
+            message += f" with status {status}"
+        if log:
+            message += f"\n{log}"
+        super().__init__(message)

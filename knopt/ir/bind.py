@@ -1,0 +1,93 @@
+"""Binding symbolic sizes: from actual input shapes to sizes, and from sizes to a static graph."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from knopt.errors import InputError, InvalidGraphError
+from knopt.ir.builder import GraphBuilder
+from knopt.ir.graph import Graph, Value
+from knopt.ir.op import Input, Op, TensorType
+from knopt.ir.shape import Sym, bind, evaluate, format_shape
+
+
+def infer_sizes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """The value of every symbolic size, read off the actual shapes of the graph inputs.
+
+    Raises:
+        InputError: If an input is missing, has the wrong rank, or sizes conflict.
+    """
+    sizes: dict[str, int] = {}
+    declared = dict(zip(graph.input_names, graph.inputs, strict=True))
+    for name, value in declared.items():
+        if name not in shapes:
+            raise InputError(f"input '{name}' is missing (expected {value.type})")
+        actual = tuple(shapes[name])
+        if len(actual) != value.rank:
+            raise InputError(
+                f"input '{name}' has shape {list(actual)}, expected {format_shape(value.shape)}"
+            )
+        for dim, size in zip(value.shape, actual, strict=True):
+            symbol = dim.as_symbol() if isinstance(dim, Sym) else None
+            if symbol is not None:
+                if sizes.setdefault(symbol, size) != size:
+                    raise InputError(
+                        f"input '{name}': size '{symbol}' is {size} here but "
+                        f"{sizes[symbol]} in another input"
+                    )
+    for name, value in declared.items():
+        try:
+            expected = bind(value.shape, sizes)
+        except InvalidGraphError as err:  # a size appears only inside products: not readable
+            raise InputError(f"input '{name}': cannot read sizes from {value.type}: {err}") from err
+        if expected != tuple(shapes[name]):
+            raise InputError(
+                f"input '{name}' has shape {list(shapes[name])}, expected "
+                f"{format_shape(value.shape)} = {list(expected)}"
+            )
+    return sizes
+
+
+def bind_symbols(graph: Graph, sizes: Mapping[str, int]) -> Graph:
+    """A copy of `graph` with its symbolic sizes replaced by integers.
+
+    Raises:
+        InvalidGraphError: If a size is missing or a shape becomes invalid.
+    """
+    # Copy, don't mutate: the symbolic graph is kept and bound again for other sizes.
+    builder = GraphBuilder(graph.name)
+    mapped: dict[int, Value] = {}
+    for node in graph.nodes:
+        op = _bind_op(node.op, sizes)
+        if isinstance(op, Input):
+            value = builder.input(op.input_name, op.tensor_type.shape, op.tensor_type.dtype)
+        else:
+            value = builder.apply(op, [mapped[id(v)] for v in node.inputs], name=node.name)
+        mapped[id(node.output)] = value
+    for name, value in zip(graph.output_names, graph.outputs, strict=True):
+        builder.output(mapped[id(value)], name)
+    return builder.build()
+
+
+def _bind_op(op: Op, sizes: Mapping[str, int]) -> Op:
+    if not dataclasses.is_dataclass(op):
+        return op
+    changes = {}
+    for f in dataclasses.fields(op):
+        old = getattr(op, f.name)
+        new = _bind_value(old, sizes)
+        if new is not old:
+            changes[f.name] = new
+    return dataclasses.replace(op, **changes) if changes else op  # type: ignore[type-var]
+
+
+def _bind_value(value: object, sizes: Mapping[str, int]) -> object:
+    if isinstance(value, Sym):
+        return evaluate(value, sizes)
+    if isinstance(value, TensorType):
+        return TensorType(bind(value.shape, sizes), value.dtype)
+    if isinstance(value, tuple):
+        items = tuple(_bind_value(v, sizes) for v in value)
+        return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
+    return value

@@ -1,0 +1,57 @@
+"""`validate`: check every invariant of a graph and name the node that breaks one."""
+
+from __future__ import annotations
+
+from knopt.errors import InvalidGraphError
+from knopt.ir.graph import Graph, Value
+from knopt.ir.op import Input
+from knopt.ir.shape import numel
+
+MAX_ELEMENTS = 2**34  # larger tensors are declared by mistake or by malice, never in earnest
+
+
+def validate(graph: Graph) -> None:
+    """Check that `graph` is well formed.
+
+    Checks: nodes are in topological order and each input is defined before use (so there is no
+    cycle), every node's type is what its op infers, inputs are Input nodes listed once, outputs
+    are defined, and no tensor has more than 2^34 elements.
+
+    Raises:
+        InvalidGraphError: On the first broken invariant, naming the node.
+    """
+    defined: set[int] = set()
+    for node in graph.nodes:
+        for value in node.inputs:
+            if id(value) not in defined:
+                raise InvalidGraphError(
+                    f"{node.describe()}: reads a value that is not defined before it "
+                    "(a cycle or a dangling input)"
+                )
+        expected = node.op.infer([v.type for v in node.inputs], node.describe())
+        if expected != node.output.type:
+            raise InvalidGraphError(
+                f"{node.describe()}: has type {node.output.type} but its op gives {expected}"
+            )
+        _check_size(node.output, node.describe())
+        defined.add(id(node.output))
+    seen_inputs: set[int] = set()
+    for value in graph.inputs:
+        if not isinstance(value.producer.op, Input) or id(value) in seen_inputs:
+            raise InvalidGraphError(f"graph input {value} is not a unique Input node")
+        if id(value) not in defined:
+            raise InvalidGraphError(f"graph input {value} is missing from the node list")
+        seen_inputs.add(id(value))
+    if len(graph.outputs) != len(graph.output_names) or not graph.outputs:
+        raise InvalidGraphError("graph outputs and output names do not match")
+    for name, value in zip(graph.output_names, graph.outputs, strict=True):
+        if id(value) not in defined:
+            raise InvalidGraphError(f"graph output '{name}' is not defined by any node")
+
+
+def _check_size(value: Value, where: str) -> None:
+    count = numel(value.shape)
+    if isinstance(count, int) and count > MAX_ELEMENTS:
+        raise InvalidGraphError(
+            f"{where}: tensor of {count} elements ({value.type}) exceeds the limit of 2^34"
+        )

@@ -1,0 +1,239 @@
+"""Reading ONNX files and turning their graphs into IR graphs.
+
+`load_model` reads and checks a file (or bytes) without writing anything; `import_model` walks
+the graph in order and hands each node to the importer registered for its op type.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import numpy_helper
+
+from knopt.errors import InvalidGraphError, InvalidModelError, UnsupportedModelError
+from knopt.ir.builder import GraphBuilder
+from knopt.ir.dtype import DType
+from knopt.ir.graph import Graph, Value
+from knopt.ir.shape import Dim, numel, sym
+from knopt.ir.validate import MAX_ELEMENTS, validate
+from knopt.onnx import ops as _ops  # noqa: F401  (registers the importers)
+from knopt.onnx.context import Attributes, ImportContext, Known, OnnxValue, find_importer
+from knopt.onnx.fold import fold_node
+
+MIN_OPSET = 7
+
+
+def load_model(source: str | os.PathLike[str] | bytes) -> onnx.ModelProto:
+    """Read an ONNX model from a path or bytes, with its external data.
+
+    External data must lie inside the model's own folder.
+
+    Raises:
+        InvalidModelError: If the file is missing, truncated, not ONNX, or its external data
+            is missing or points outside the model's folder.
+    """
+    if isinstance(source, bytes):
+        return _parse(source, "the given bytes", None)
+    path = Path(source)
+    if not path.is_file():
+        raise InvalidModelError(f"{path}: no such file")
+    return _parse(path.read_bytes(), str(path), path.parent)
+
+
+def _parse(data: bytes, where: str, folder: Path | None) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as err:
+        raise InvalidModelError(f"{where}: not a readable ONNX model ({err})") from err
+    if not model.HasField("graph") or not model.opset_import:
+        raise InvalidModelError(
+            f"{where}: not an ONNX model (no graph or no opset); is the file truncated?"
+        )
+    _load_external_data(model, where, folder)
+    return model
+
+
+def _load_external_data(model: onnx.ModelProto, where: str, folder: Path | None) -> None:
+    for tensor in _all_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
+        if folder is None:
+            raise InvalidModelError(
+                f"{where}: tensor '{tensor.name}' keeps its data in '{location}'; "
+                "load the model from its file path instead of bytes"
+            )
+        base = folder.resolve()
+        target = (base / location).resolve()
+        if not location or Path(location).is_absolute() or not target.is_relative_to(base):
+            raise InvalidModelError(
+                f"{where}: tensor '{tensor.name}' reads external data from '{location}', "
+                "outside the model's folder; refusing to read it"
+            )
+        if not target.is_file():
+            raise InvalidModelError(
+                f"{where}: tensor '{tensor.name}' needs external data file '{location}', "
+                "which does not exist"
+            )
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else -1
+        with target.open("rb") as f:
+            f.seek(offset)
+            raw = f.read(length) if length >= 0 else f.read()
+        if length >= 0 and len(raw) != length:
+            raise InvalidModelError(
+                f"{where}: external data for '{tensor.name}' in '{location}' is truncated"
+            )
+        tensor.raw_data = raw
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        del tensor.external_data[:]
+
+
+def _all_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    tensors: list[onnx.TensorProto] = []
+
+    def visit(graph: onnx.GraphProto) -> None:
+        tensors.extend(graph.initializer)
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    tensors.append(attr.t)
+                if attr.HasField("g"):
+                    visit(attr.g)
+                for g in attr.graphs:
+                    visit(g)
+
+    visit(model.graph)
+    return tensors
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's version of the default ONNX domain.
+
+    Raises:
+        UnsupportedModelError: If it is older than opset 7.
+    """
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            if entry.version < MIN_OPSET:
+                raise UnsupportedModelError(
+                    f"model uses ONNX opset {entry.version}; knopt reads opset {MIN_OPSET} "
+                    "and newer (convert it with onnx.version_converter)"
+                )
+            return int(entry.version)
+    raise UnsupportedModelError("model imports no version of the default ONNX domain")
+
+
+def import_model(model: onnx.ModelProto, dims: Mapping[str, int] | None = None) -> Graph:
+    """Convert an ONNX model into a validated IR graph.
+
+    Args:
+        model: The model, as returned by `load_model`.
+        dims: Values for symbolic input dimensions, by name; the rest stay symbolic.
+
+    Raises:
+        UnsupportedModelError: If the model uses an op, attribute or type knopt lacks.
+        InvalidGraphError: If the graph is malformed (a cycle, a dangling input, bad shapes).
+    """
+    graph = model.graph
+    builder = GraphBuilder(graph.name)
+    ctx = ImportContext(builder, default_opset(model))
+    ctx.functions = {(f.domain, f.name): f for f in model.functions}
+    for tensor in graph.initializer:
+        ctx.env[tensor.name] = _initializer(tensor)
+    initializer_names = {t.name for t in graph.initializer}
+    for info in graph.input:
+        if info.name not in initializer_names:
+            ctx.env[info.name] = _graph_input(builder, info, dims or {})
+    import_nodes(ctx, graph.node)
+    for info in graph.output:
+        builder.output(ctx.value(info.name), info.name)
+    result = builder.build()
+    validate(result)
+    return result
+
+
+def _initializer(tensor: onnx.TensorProto) -> Known:
+    where = f"initializer '{tensor.name}'"
+    dtype = DType.from_onnx(tensor.data_type, where)
+    count = int(np.prod(tensor.dims, dtype=np.float64))
+    if count > MAX_ELEMENTS:
+        raise InvalidGraphError(f"{where}: declares {count} elements, more than 2^34")
+    try:
+        array = numpy_helper.to_array(tensor)
+    except (ValueError, TypeError) as err:
+        raise InvalidModelError(f"{where}: data does not match its shape ({err})") from err
+    return Known(np.asarray(array, dtype.numpy), dtype)
+
+
+def _graph_input(builder: GraphBuilder, info: onnx.ValueInfoProto, dims: Mapping[str, int]) -> Value:
+    where = f"graph input '{info.name}'"
+    if not info.type.HasField("tensor_type"):
+        raise UnsupportedModelError(f"{where}: only tensor inputs are supported")
+    tensor_type = info.type.tensor_type
+    dtype = DType.from_onnx(tensor_type.elem_type, where)
+    if not tensor_type.HasField("shape"):
+        raise UnsupportedModelError(f"{where}: has no declared shape (rank unknown)")
+    shape: list[Dim] = []
+    for axis, dim in enumerate(tensor_type.shape.dim):
+        if dim.HasField("dim_value"):
+            if dim.dim_value < 0:
+                raise InvalidGraphError(f"{where}: dimension {axis} is negative")
+            shape.append(int(dim.dim_value))
+        else:
+            name = dim.dim_param or f"{info.name}_dim{axis}"
+            shape.append(dims[name] if name in dims else sym(name))
+    count = numel(shape)
+    if isinstance(count, int) and count > MAX_ELEMENTS:
+        raise InvalidGraphError(f"{where}: declares {count} elements, more than 2^34")
+    return builder.input(info.name, tuple(shape), dtype)
+
+
+def import_nodes(ctx: ImportContext, nodes: list[onnx.NodeProto]) -> None:
+    """Import nodes in order into `ctx`, binding their outputs in `ctx.env`."""
+    for index, node in enumerate(nodes):
+        ctx.where = f"node '{node.name or f'#{index}'}' ({node.op_type})"
+        ctx.builder.current_name = node.name or f"{node.op_type}_{index}"
+        for name in node.input:
+            if name and name not in ctx.env:
+                raise InvalidGraphError(
+                    f"{ctx.where}: reads '{name}', which no earlier node, input or initializer "
+                    "defines (a cycle or a dangling input)"
+                )
+        outputs = _import_node(ctx, node)
+        for name, result in zip(node.output, outputs, strict=False):
+            if name and result is not None:
+                ctx.env[name] = result
+        for name in list(node.output)[len(outputs) :]:
+            if name:
+                ctx.env.pop(name, None)
+
+
+def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | None]:
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    ctx._attributes = Attributes(node, ctx.where)
+    if (domain, node.op_type) in ctx.functions:
+        from knopt.onnx.function import inline_function
+
+        return inline_function(ctx, node, ctx.functions[(domain, node.op_type)])
+    outputs = fold_node(ctx, node, domain)
+    if outputs is None:
+        fn = find_importer(domain, node.op_type, ctx.opset)
+        if fn is None:
+            name = f"{domain}.{node.op_type}" if domain else node.op_type
+            raise UnsupportedModelError(f"{ctx.where}: op {name} is not supported")
+        ctx._attributes = Attributes(node, ctx.where)
+        outputs = list(fn(ctx, node))
+    unread = ctx._attributes.unread()
+    if unread:
+        raise UnsupportedModelError(
+            f"{ctx.where}: attribute(s) {', '.join(unread)} are not supported"
+        )
+    return outputs
