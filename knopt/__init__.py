@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from knopt.errors import (
     CodegenError,
@@ -27,6 +28,9 @@ from knopt.errors import (
 )
 from knopt.ir.graph import Graph
 from knopt.session import Session
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 __version__ = "0.1.0"
 
@@ -47,6 +51,25 @@ def load(source: str | os.PathLike[str] | bytes, dims: Mapping[str, int] | None 
     from knopt.onnx import import_model, load_model
 
     return import_model(load_model(source), dims)
+
+
+def save(
+    graph: Graph, path: str | os.PathLike[str] | None = None, *, opset: int = 18
+) -> ModelProto:
+    """Export an IR graph as a standard ONNX model that onnxruntime can run.
+
+    Args:
+        graph: The graph; symbolic sizes stay symbolic (dynamic axes keep working).
+        path: Where to write the model, or None to only return it.
+        opset: The version of the default ONNX domain to write (18 or newer).
+
+    Raises:
+        UnsupportedModelError: If the graph needs something the opset lacks.
+        KnoptError: If the file cannot be written.
+    """
+    from knopt.onnx.export import save_onnx
+
+    return save_onnx(graph, path, opset=opset)
 
 
 def compile(  # noqa: A001  (the public name mirrors torch.compile)
@@ -75,4 +98,5 @@ __all__ = [
     "UnsupportedModelError",
     "compile",
     "load",
+    "save",
 ]

@@ -9,11 +9,14 @@ import numpy as np
 from knopt.cpu.kernels import KERNELS
 from knopt.errors import InputError
 from knopt.ir import op as ops
-from knopt.ir.dtype import DType
+from knopt.ir.dtype import COMPUTE_TYPE
 from knopt.ir.graph import Graph, Node
 from knopt.ir.shape import format_shape, is_static
 
-# Ops whose arithmetic numpy cannot do in bfloat16 directly: computed in f32, rounded back.
+# numpy dtypes (bfloat16, float8, int4...) computed in a wider type by the ops below.
+_WIDER = {dtype.numpy: wide for dtype, wide in COMPUTE_TYPE.items()}
+
+# Ops whose arithmetic numpy cannot do in the narrow types directly: computed wider, rounded back.
 _COMPUTE_OPS = (
     ops.UnaryOp,
     ops.BinaryOp,
@@ -63,12 +66,12 @@ def run_graph(graph: Graph, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]
 def run_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
     """Evaluate one node on its input arrays."""
     op = node.op
-    bf16 = isinstance(op, _COMPUTE_OPS) and any(a.dtype == DType.BF16.numpy for a in args)
-    if bf16:
-        args = [a.astype(np.float32) if a.dtype == DType.BF16.numpy else a for a in args]
+    narrow = isinstance(op, _COMPUTE_OPS) and any(a.dtype in _WIDER for a in args)
+    if narrow:
+        args = [a.astype(_WIDER[a.dtype]) if a.dtype in _WIDER else a for a in args]
     result = np.asarray(KERNELS[type(op)](op, *args))
     expected = node.output.type
-    if bf16 or result.dtype != expected.dtype.numpy:
+    if narrow or result.dtype != expected.dtype.numpy:
         result = result.astype(expected.dtype.numpy)
     assert result.shape == expected.shape, (
         f"{node.describe()}: CPU kernel gave shape {result.shape}, IR says {expected}"

@@ -30,6 +30,18 @@ class DType(enum.IntEnum):
     U32 = 12
     U64 = 13
     BF16 = 16
+    # Narrow storage types of quantized models. Arithmetic on them runs in f32 (or int8/uint8
+    # for the integer ones) and rounds back; most models only cast them or (de)quantize.
+    F8E4M3FN = 17
+    F8E4M3FNUZ = 18
+    F8E5M2 = 19
+    F8E5M2FNUZ = 20
+    U4 = 21
+    I4 = 22
+    F4E2M1 = 23
+    F8E8M0 = 24
+    U2 = 25
+    I2 = 26
 
     @property
     def info(self) -> DTypeInfo:
@@ -118,6 +130,32 @@ _INFO: dict[DType, DTypeInfo] = {
     DType.U32: DTypeInfo(np.dtype(np.uint32), "uint", "unsigned int"),
     DType.U64: DTypeInfo(np.dtype(np.uint64), "uint", "unsigned long long"),
     DType.BOOL: DTypeInfo(np.dtype(np.bool_), "bool", "bool"),
+    # An empty CUDA C name: CUDA has no such type, and the CUDA backend rejects the dtype.
+    DType.F8E4M3FN: DTypeInfo(np.dtype(ml_dtypes.float8_e4m3fn), "float", "__nv_fp8_e4m3"),
+    DType.F8E4M3FNUZ: DTypeInfo(np.dtype(ml_dtypes.float8_e4m3fnuz), "float", ""),
+    DType.F8E5M2: DTypeInfo(np.dtype(ml_dtypes.float8_e5m2), "float", "__nv_fp8_e5m2"),
+    DType.F8E5M2FNUZ: DTypeInfo(np.dtype(ml_dtypes.float8_e5m2fnuz), "float", ""),
+    DType.F8E8M0: DTypeInfo(np.dtype(ml_dtypes.float8_e8m0fnu), "float", "__nv_fp8_e8m0"),
+    DType.F4E2M1: DTypeInfo(np.dtype(ml_dtypes.float4_e2m1fn), "float", "__nv_fp4_e2m1"),
+    DType.I4: DTypeInfo(np.dtype(ml_dtypes.int4), "int", ""),
+    DType.U4: DTypeInfo(np.dtype(ml_dtypes.uint4), "uint", ""),
+    DType.I2: DTypeInfo(np.dtype(ml_dtypes.int2), "int", ""),
+    DType.U2: DTypeInfo(np.dtype(ml_dtypes.uint2), "uint", ""),
+}
+
+# What numpy computes each narrow type in: it lacks their arithmetic (ml_dtypes has little).
+COMPUTE_TYPE: dict[DType, np.dtype] = {
+    DType.BF16: np.dtype(np.float32),
+    DType.F8E4M3FN: np.dtype(np.float32),
+    DType.F8E4M3FNUZ: np.dtype(np.float32),
+    DType.F8E5M2: np.dtype(np.float32),
+    DType.F8E5M2FNUZ: np.dtype(np.float32),
+    DType.F8E8M0: np.dtype(np.float32),
+    DType.F4E2M1: np.dtype(np.float32),
+    DType.I4: np.dtype(np.int8),
+    DType.U4: np.dtype(np.uint8),
+    DType.I2: np.dtype(np.int8),
+    DType.U2: np.dtype(np.uint8),
 }
 
 _FROM_NUMPY: dict[np.dtype, DType] = {info.numpy: dtype for dtype, info in _INFO.items()}

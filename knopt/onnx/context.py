@@ -52,6 +52,19 @@ class Known:
                           else self.array)
 
 
+class KnownValueRequired(UnsupportedModelError):
+    """An importer needs a value at import time (a shape, axes, a condition) that is computed.
+
+    Attributes:
+        value_name: The ONNX name of that value, so that a caller can fix the graph inputs it
+            depends on and import again (as `knopt.onnx.backend` does).
+    """
+
+    def __init__(self, message: str, value_name: str) -> None:
+        super().__init__(message)
+        self.value_name = value_name
+
+
 OnnxValue: TypeAlias = Value | Known
 Importer: TypeAlias = Callable[["ImportContext", onnx.NodeProto], Sequence[OnnxValue | None]]
 Folder: TypeAlias = Callable[
@@ -222,6 +235,12 @@ class ImportContext:
         """An error about the node being imported, naming it."""
         return UnsupportedModelError(f"{self.where}: {message}")
 
+    def needs_known(self, name: str, what: str) -> KnownValueRequired:
+        """An error saying that the ONNX value `name` (`what`) must be known when loading."""
+        return KnownValueRequired(
+            f"{self.where}: {what} must be known when loading, not computed", name
+        )
+
     def attributes(self, node: onnx.NodeProto) -> Attributes:
         """The node's attributes (one object per node, so reads are tracked)."""
         assert self._attributes is not None
@@ -273,7 +292,7 @@ class ImportContext:
             return None
         found = self.lookup(node.input[index])
         if isinstance(found, Value):
-            raise self.fail(f"input {index} ({what}) must be known when loading, not computed")
+            raise self.needs_known(node.input[index], f"input {index} ({what})")
         if found.is_symbolic:
             raise self.fail(
                 f"input {index} ({what}) depends on symbolic sizes; fix them when loading "
@@ -287,7 +306,7 @@ class ImportContext:
             return None
         found = self.lookup(node.input[index])
         if isinstance(found, Value):
-            raise self.fail(f"input {index} ({what}) must be known when loading, not computed")
+            raise self.needs_known(node.input[index], f"input {index} ({what})")
         return found
 
     def _input_names(self, node: onnx.NodeProto, count: int | tuple[int, int | None]) -> list[str]:

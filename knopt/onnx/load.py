@@ -131,12 +131,18 @@ def default_opset(model: onnx.ModelProto) -> int:
     raise UnsupportedModelError("model imports no version of the default ONNX domain")
 
 
-def import_model(model: onnx.ModelProto, dims: Mapping[str, int] | None = None) -> Graph:
+def import_model(
+    model: onnx.ModelProto,
+    dims: Mapping[str, int] | None = None,
+    known_inputs: Mapping[str, np.ndarray] | None = None,
+) -> Graph:
     """Convert an ONNX model into a validated IR graph.
 
     Args:
         model: The model, as returned by `load_model`.
         dims: Values for symbolic input dimensions, by name; the rest stay symbolic.
+        known_inputs: Values for graph inputs, by name, which become constants of the graph
+            (and leave its inputs), so that shapes or axes computed from them are known.
 
     Raises:
         UnsupportedModelError: If the model uses an op, attribute or type knopt lacks.
@@ -149,8 +155,11 @@ def import_model(model: onnx.ModelProto, dims: Mapping[str, int] | None = None) 
     for tensor in graph.initializer:
         ctx.env[tensor.name] = _initializer(tensor)
     initializer_names = {t.name for t in graph.initializer}
+    known_inputs = known_inputs or {}
     for info in graph.input:
-        if info.name not in initializer_names:
+        if info.name in known_inputs:
+            ctx.env[info.name] = _known_input(info, known_inputs[info.name])
+        elif info.name not in initializer_names:
             ctx.env[info.name] = _graph_input(builder, info, dims or {})
     import_nodes(ctx, graph.node)
     for info in graph.output:
@@ -170,6 +179,14 @@ def _initializer(tensor: onnx.TensorProto) -> Known:
         array = numpy_helper.to_array(tensor)
     except (ValueError, TypeError) as err:
         raise InvalidModelError(f"{where}: data does not match its shape ({err})") from err
+    return Known(np.asarray(array, dtype.numpy), dtype)
+
+
+def _known_input(info: onnx.ValueInfoProto, array: np.ndarray) -> Known:
+    where = f"graph input '{info.name}'"
+    if not info.type.HasField("tensor_type"):
+        raise UnsupportedModelError(f"{where}: only tensor inputs are supported")
+    dtype = DType.from_onnx(info.type.tensor_type.elem_type, where)
     return Known(np.asarray(array, dtype.numpy), dtype)
 
 

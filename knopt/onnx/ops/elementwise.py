@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 
@@ -164,20 +165,32 @@ def _identity(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     return [ctx.lookup(node.input[0])]
 
 
+# float8 types that saturate: out-of-range values (and infinities) become the largest finite.
+_SATURATING = frozenset({DType.F8E4M3FN, DType.F8E4M3FNUZ, DType.F8E5M2, DType.F8E5M2FNUZ})
+
+
+def cast_to(ctx: ImportContext, x: Value, dtype: DType, saturate: bool = True) -> Value:
+    """ONNX Cast of `x` to `dtype`: to float8, `saturate` clamps to the finite range first."""
+    if saturate and dtype in _SATURATING and x.dtype.is_float and x.dtype is not dtype:
+        info = ml_dtypes.finfo(dtype.numpy)
+        x = ctx.builder.clamp(x, lo=float(info.min), hi=float(info.max))
+    return ctx.builder.cast(x, dtype)
+
+
 @importer("Cast")
 def _cast(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     (x,) = ctx.inputs(node, count=1)
     attrs = ctx.attributes(node)
     dtype = DType.from_onnx(attrs.int("to"), ctx.where)
-    attrs.skip("saturate")  # only matters for float8 targets, which knopt rejects
-    return [ctx.builder.cast(x, dtype)]
+    saturate = bool(attrs.int("saturate", 1)) if ctx.opset >= 19 else True
+    return [cast_to(ctx, x, dtype, saturate)]
 
 
 @importer("CastLike")
 def _cast_like(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x, like = ctx.inputs(node, count=2)
-    ctx.attributes(node).skip("saturate")
-    return [ctx.builder.cast(x, like.dtype)]
+    saturate = bool(ctx.attributes(node).int("saturate", 1)) if ctx.opset >= 19 else True
+    return [cast_to(ctx, x, like.dtype, saturate)]
 
 
 @importer("Dropout")

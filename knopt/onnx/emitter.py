@@ -1,0 +1,174 @@
+"""`Emitter`: the state of one ONNX export (nodes, initializers, names, size tensors).
+
+The per-op exporters (`knopt.onnx.export_ops`) call `op` to add ONNX nodes and `constant`,
+`sizes` and `scalar_size` for the tensors they need. Symbolic sizes become run-time
+arithmetic on the `Shape` of the graph input axis that carries them, so that an exported model
+keeps its dynamic axes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from knopt.errors import UnsupportedModelError
+from knopt.ir.dtype import DType
+from knopt.ir.graph import Graph, Node
+from knopt.ir.op import Input
+from knopt.ir.shape import Dim, Sym, sym
+
+INITIALIZER_MIN_ELEMENTS = 16  # smaller constants stay Constant nodes, readable in Netron
+
+
+class Emitter:
+    """Collects the ONNX nodes and initializers of one exported graph.
+
+    Attributes:
+        opset: The version of the default ONNX domain being written.
+        nodes: The ONNX nodes so far, in topological order.
+        initializers: The large constants so far.
+    """
+
+    def __init__(self, graph: Graph, *, opset: int) -> None:
+        self.opset = opset
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._value_names: set[str] = set(graph.input_names) | set(graph.output_names)
+        self._node_names: set[str] = set()
+        self._constants: dict[tuple[str, tuple[int, ...], bytes], str] = {}
+        self._sizes: dict[Dim, str] = {}
+        self._symbols = _symbol_sources(graph)
+        self._base = "node"
+
+    def begin(self, node: Node) -> None:
+        """Name the ONNX nodes emitted next after the IR node `node`."""
+        self._base = node.name or node.op.name
+
+    def op(self, op_type: str, inputs: Sequence[str], *, outputs: int = 1, **attrs: Any) -> str:
+        """Add an ONNX node and return the name of its first output.
+
+        Args:
+            op_type: The op of the default domain.
+            inputs: Value names; '' for an absent optional input.
+            outputs: How many outputs the node has (the first one is returned).
+            **attrs: The node's attributes; None values are left out.
+        """
+        return self.op_outputs(op_type, inputs, outputs=outputs, **attrs)[0]
+
+    def op_outputs(
+        self, op_type: str, inputs: Sequence[str], *, outputs: int = 1, **attrs: Any
+    ) -> list[str]:
+        """Add an ONNX node and return the names of all its outputs."""
+        name = self._unique(self._base, self._node_names)
+        results = [self._unique(f"{name}_output_{i}", self._value_names) for i in range(outputs)]
+        kept = {key: value for key, value in attrs.items() if value is not None}
+        self.nodes.append(helper.make_node(op_type, list(inputs), results, name=name, **kept))
+        return results
+
+    def constant(self, array: np.ndarray) -> str:
+        """A value holding `array`: an initializer if large, else a Constant node (shared)."""
+        array = np.asarray(array, order="C")  # not ascontiguousarray: it makes 0-d 1-d
+        key = (array.dtype.str, tuple(array.shape), array.tobytes())
+        if (found := self._constants.get(key)) is not None:
+            return found
+        if array.size >= INITIALIZER_MIN_ELEMENTS:
+            name = self._unique(f"{self._base}_weight", self._value_names)
+            self.initializers.append(numpy_helper.from_array(array, name))
+        else:
+            name = self.op("Constant", [], value=numpy_helper.from_array(array, "value"))
+        self._constants[key] = name
+        return name
+
+    def scalar(self, value: float | int | bool, dtype: DType) -> str:
+        """A 0-d constant of `dtype`."""
+        return self.constant(np.array(value).astype(dtype.numpy))
+
+    def ints(self, values: Sequence[int]) -> str:
+        """A 1-D int64 constant (axes, steps and other integer operands)."""
+        return self.constant(np.array(values, dtype=np.int64))
+
+    def sizes(self, dims: Sequence[Dim]) -> str:
+        """A 1-D int64 tensor holding `dims`, computed at run time where they are symbolic."""
+        static = [d for d in dims if isinstance(d, int)]
+        if len(static) == len(dims):
+            return self.ints(static)
+        if len(dims) == 1:
+            return self._size(dims[0])
+        return self.op("Concat", [self._size(d) for d in dims], axis=0)
+
+    def scalar_size(self, dim: Dim) -> str:
+        """A 0-d int64 tensor holding `dim`."""
+        if isinstance(dim, int):
+            return self.scalar(dim, DType.I64)
+        return self.op("Squeeze", [self._size(dim), self.ints([0])])
+
+    def _size(self, dim: Dim) -> str:
+        """A `[1]` int64 tensor holding `dim`."""
+        if isinstance(dim, int):
+            return self.ints([dim])
+        if (found := self._sizes.get(dim)) is not None:
+            return found
+        base, self._base = self._base, f"size_{dim}".replace(" ", "")
+        try:
+            total = None
+            for monomial, coefficient in dim.terms:
+                term = self._monomial(monomial, coefficient)
+                total = term if total is None else self.op("Add", [total, term])
+        finally:
+            self._base = base
+        assert total is not None
+        self._sizes[dim] = total
+        return total
+
+    def _monomial(self, monomial: tuple[str, ...], coefficient: int) -> str:
+        factors = [self._symbol(name) for name in monomial]
+        if coefficient != 1 or not factors:
+            factors.append(self.ints([coefficient]))
+        product = factors[0]
+        for factor in factors[1:]:
+            product = self.op("Mul", [product, factor])
+        return product
+
+    def _symbol(self, name: str) -> str:
+        key = sym(name)
+        if (found := self._sizes.get(key)) is not None:
+            return found
+        if name not in self._symbols:
+            raise UnsupportedModelError(
+                f"symbolic size '{name}' is not the size of any graph input axis, so the "
+                "exported model could not compute it; bind it first (knopt.ir.bind_symbols)"
+            )
+        input_name, axis = self._symbols[name]
+        base, self._base = self._base, f"size_{name}"
+        try:
+            found = self.op("Shape", [input_name], start=axis, end=axis + 1)
+        finally:
+            self._base = base
+        self._sizes[key] = found
+        return found
+
+    @staticmethod
+    def _unique(wanted: str, taken: set[str]) -> str:
+        name, count = wanted, 0
+        while name in taken:
+            count += 1
+            name = f"{wanted}_{count}"
+        taken.add(name)
+        return name
+
+
+def _symbol_sources(graph: Graph) -> dict[str, tuple[str, int]]:
+    """For each symbolic size, the first graph input axis whose size is exactly that symbol."""
+    sources: dict[str, tuple[str, int]] = {}
+    for value in graph.inputs:
+        op = value.producer.op
+        assert isinstance(op, Input)
+        for axis, dim in enumerate(value.shape):
+            name = dim.as_symbol() if isinstance(dim, Sym) else None
+            if name is not None:
+                sources.setdefault(name, (op.input_name, axis))
+    return sources

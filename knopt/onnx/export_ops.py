@@ -1,0 +1,298 @@
+"""ONNX export of the IR ops: one small function per op class, in `EXPORTERS`.
+
+Each function takes the emitter, the op, the IR node and the ONNX names of the node's inputs,
+adds ONNX nodes and returns the name of the value that holds the node's result. Sizes that may
+be symbolic (View, Broadcast, Slice, Iota, Sizes, ...) go through `Emitter.sizes`, so that they
+are computed from the graph inputs' shapes at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from knopt.errors import UnsupportedModelError
+from knopt.ir import op as ops
+from knopt.ir.dtype import DType
+from knopt.ir.graph import Node
+from knopt.ir.op import PadMode, PoolKind, Reduction
+from knopt.onnx.emitter import Emitter
+from knopt.onnx.export_elementwise import BINARY_EXPORTERS, UNARY_EXPORTERS
+
+OpExporter = Callable[[Emitter, Any, Node, list[str]], str]
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+_WRAP_PAD_OPSET = 19  # Pad mode "wrap" arrived in opset 19
+_DILATED_AVERAGE_POOL_OPSET = 19  # and AveragePool dilations too
+_RMS_NORM_OPSET = 23  # RMSNormalization arrived in opset 23
+_RANGE_DTYPES = frozenset({DType.F32, DType.F64, DType.I16, DType.I32, DType.I64})
+
+
+def _input(em: Emitter, op: ops.Input, node: Node, args: list[str]) -> str:
+    return op.input_name
+
+
+def _constant(em: Emitter, op: ops.Constant, node: Node, args: list[str]) -> str:
+    return em.constant(op.data.array)
+
+
+def _iota(em: Emitter, op: ops.Iota, node: Node, args: list[str]) -> str:
+    dtype = op.dtype if op.dtype in _RANGE_DTYPES else DType.I64
+    length = em.scalar_size(op.length)
+    if dtype is not DType.I64:
+        length = em.op("Cast", [length], to=int(dtype))
+    out = em.op("Range", [em.scalar(0, dtype), length, em.scalar(1, dtype)])
+    return out if dtype is op.dtype else em.op("Cast", [out], to=int(op.dtype))
+
+
+def _sizes(em: Emitter, op: ops.Sizes, node: Node, args: list[str]) -> str:
+    out = em.sizes(op.dims)
+    return out if op.dtype is DType.I64 else em.op("Cast", [out], to=int(op.dtype))
+
+
+def _view(em: Emitter, op: ops.View, node: Node, args: list[str]) -> str:
+    # allowzero: a 0 in the shape is a size of zero, not "copy this axis" (ONNX's default).
+    return em.op("Reshape", [args[0], em.sizes(op.shape)], allowzero=1)
+
+
+def _broadcast(em: Emitter, op: ops.Broadcast, node: Node, args: list[str]) -> str:
+    return em.op("Expand", [args[0], em.sizes(op.shape)])
+
+
+def _permute(em: Emitter, op: ops.Permute, node: Node, args: list[str]) -> str:
+    return em.op("Transpose", args, perm=list(op.perm))
+
+
+def _slice(em: Emitter, op: ops.Slice, node: Node, args: list[str]) -> str:
+    starts, stops = em.sizes([op.start]), em.sizes([op.stop])
+    return em.op("Slice", [args[0], starts, stops, em.ints([op.axis]), em.ints([op.step])])
+
+
+def _flip(em: Emitter, op: ops.Flip, node: Node, args: list[str]) -> str:
+    bounds = [em.ints([-1]), em.ints([INT64_MIN])]
+    return em.op("Slice", [args[0], *bounds, em.ints([op.axis]), em.ints([-1])])
+
+
+_PAD_MODES = {PadMode.CONSTANT: "constant", PadMode.REFLECT: "reflect", PadMode.EDGE: "edge"}
+
+
+def _pad(em: Emitter, op: ops.Pad, node: Node, args: list[str]) -> str:
+    if op.mode is PadMode.WRAP and em.opset < _WRAP_PAD_OPSET:
+        return _wrap_pad(em, op, node, args[0])
+    mode = "wrap" if op.mode is PadMode.WRAP else _PAD_MODES[op.mode]
+    pads = em.ints([b for b, _ in op.pads] + [a for _, a in op.pads])
+    inputs = [args[0], pads]
+    if op.mode is PadMode.CONSTANT:
+        inputs.append(em.constant(np.array(op.value).astype(node.output.dtype.numpy)))
+    return em.op("Pad", inputs, mode=mode)
+
+
+def _wrap_pad(em: Emitter, op: ops.Pad, node: Node, x: str) -> str:
+    """Wrap padding as slices of the periodic extension, joined by Concat, axis by axis."""
+    shape = list(node.inputs[0].shape)
+    for axis, (before, after) in enumerate(op.pads):
+        if before == 0 and after == 0:
+            continue
+        size = shape[axis]
+        source = x
+        if not isinstance(size, int) or max(before, after) > size:
+            if not isinstance(size, int):
+                raise UnsupportedModelError(
+                    f"{node.describe()}: wrap padding of a symbolic axis needs opset "
+                    f"{_WRAP_PAD_OPSET} or newer; export with opset={_WRAP_PAD_OPSET}"
+                )
+            # A repeated axis has the same periodic extension, and is long enough to slice.
+            repeats = [1] * len(shape)
+            repeats[axis] = -(-max(before, after) // size)
+            source = em.op("Tile", [x, em.ints(repeats)])
+        pieces = []
+        if before:
+            pieces.append(
+                em.op("Slice", [source, em.ints([-before]), em.ints([INT64_MAX]), em.ints([axis])])
+            )
+        pieces.append(x)
+        if after:
+            pieces.append(em.op("Slice", [source, em.ints([0]), em.ints([after]), em.ints([axis])]))
+        x = em.op("Concat", pieces, axis=axis)
+        shape[axis] = size + before + after
+    return x
+
+
+def _concat(em: Emitter, op: ops.Concat, node: Node, args: list[str]) -> str:
+    return em.op("Concat", args, axis=op.axis)
+
+
+def _gather(em: Emitter, op: ops.Gather, node: Node, args: list[str]) -> str:
+    return em.op("Gather", args, axis=op.axis)
+
+
+def _scatter(em: Emitter, op: ops.Scatter, node: Node, args: list[str]) -> str:
+    reduction = op.reduction.name.lower()
+    return em.op("ScatterElements", args, axis=op.axis, reduction=reduction)
+
+
+def _cast(em: Emitter, op: ops.Cast, node: Node, args: list[str]) -> str:
+    return em.op("Cast", args, to=int(op.dtype))
+
+
+def _unary(em: Emitter, op: ops.UnaryOp, node: Node, args: list[str]) -> str:
+    return UNARY_EXPORTERS[op.kind](em, args[0], node.inputs[0].dtype)
+
+
+def _binary(em: Emitter, op: ops.BinaryOp, node: Node, args: list[str]) -> str:
+    return BINARY_EXPORTERS[op.kind](em, args[0], args[1], node.inputs[0].dtype)
+
+
+def _clamp(em: Emitter, op: ops.Clamp, node: Node, args: list[str]) -> str:
+    dtype = node.output.dtype
+    lo, hi = op.lo, op.hi
+    if dtype.is_int:
+        info = np.iinfo(dtype.numpy)
+        lo = max(float(np.ceil(lo)), float(info.min))
+        hi = min(float(np.floor(hi)), float(info.max))
+        bounds = [em.scalar(int(lo), dtype), em.scalar(int(hi), dtype)]
+    else:
+        bounds = [
+            em.scalar(lo, dtype) if np.isfinite(lo) else "",
+            em.scalar(hi, dtype) if np.isfinite(hi) else "",
+        ]
+    return em.op("Clip", [args[0], *bounds])
+
+
+def _where(em: Emitter, op: ops.Where, node: Node, args: list[str]) -> str:
+    return em.op("Where", args)
+
+
+_REDUCE_OPS = {
+    Reduction.SUM: "ReduceSum",
+    Reduction.PROD: "ReduceProd",
+    Reduction.MAX: "ReduceMax",
+    Reduction.MIN: "ReduceMin",
+}
+
+
+def _reduce(em: Emitter, op: ops.Reduce, node: Node, args: list[str]) -> str:
+    return em.op(_REDUCE_OPS[op.kind], [args[0], em.ints(list(op.axes))], keepdims=1)
+
+
+def _arg_reduce(em: Emitter, op: ops.ArgReduce, node: Node, args: list[str]) -> str:
+    op_type = "ArgMax" if op.largest else "ArgMin"
+    return em.op(op_type, args, axis=op.axis, keepdims=1, select_last_index=int(op.last))
+
+
+def _arg_sort(em: Emitter, op: ops.ArgSort, node: Node, args: list[str]) -> str:
+    # TopK of the whole axis; ONNX breaks ties by the lower index, as ArgSort does.
+    k = em.sizes([node.inputs[0].shape[op.axis]])
+    _, indices = em.op_outputs(
+        "TopK", [args[0], k], outputs=2, axis=op.axis, largest=int(op.descending), sorted=1
+    )
+    return indices
+
+
+def _cumsum(em: Emitter, op: ops.CumSum, node: Node, args: list[str]) -> str:
+    axis = em.scalar(op.axis, DType.I64)
+    return em.op("CumSum", [args[0], axis], exclusive=int(op.exclusive), reverse=int(op.reverse))
+
+
+def _matmul(em: Emitter, op: ops.MatMul, node: Node, args: list[str]) -> str:
+    return em.op("MatMul", args)
+
+
+def _onnx_pads(pads: tuple[tuple[int, int], ...]) -> list[int]:
+    return [b for b, _ in pads] + [a for _, a in pads]
+
+
+def _conv(em: Emitter, op: ops.Conv, node: Node, args: list[str]) -> str:
+    return em.op(
+        "Conv",
+        args,
+        strides=list(op.strides),
+        pads=_onnx_pads(op.pads),
+        dilations=list(op.dilations),
+        group=op.groups,
+    )
+
+
+def _pool(em: Emitter, op: ops.Pool, node: Node, args: list[str]) -> str:
+    window: dict[str, Any] = {
+        "kernel_shape": list(op.kernel),
+        "strides": list(op.strides),
+        "pads": _onnx_pads(op.pads),
+        "ceil_mode": int(op.ceil_mode),
+    }
+    if op.kind is PoolKind.MAX:
+        return em.op("MaxPool", args, dilations=list(op.dilations), **window)
+    if any(d != 1 for d in op.dilations):
+        if em.opset < _DILATED_AVERAGE_POOL_OPSET:
+            raise UnsupportedModelError(
+                f"{node.describe()}: average pooling with dilations needs opset "
+                f"{_DILATED_AVERAGE_POOL_OPSET} or newer; export with "
+                f"opset={_DILATED_AVERAGE_POOL_OPSET}"
+            )
+        window["dilations"] = list(op.dilations)
+    return em.op("AveragePool", args, count_include_pad=int(op.count_include_pad), **window)
+
+
+def _softmax(em: Emitter, op: ops.Softmax, node: Node, args: list[str]) -> str:
+    return em.op("Softmax", args, axis=op.axis)
+
+
+def _ones(em: Emitter, node: Node, axis: int) -> str:
+    """A scale of ones over the normalized axes `axis...` of the node's input."""
+    dims = node.inputs[0].shape[axis:]
+    dtype = node.output.dtype
+    if all(isinstance(d, int) for d in dims):
+        return em.constant(np.ones(dims, dtype.numpy))  # type: ignore[arg-type]
+    one = em.constant(np.ones((1,) * len(dims), dtype.numpy))
+    return em.op("Expand", [one, em.sizes(dims)])
+
+
+def _layer_norm(em: Emitter, op: ops.LayerNorm, node: Node, args: list[str]) -> str:
+    scale = _ones(em, node, op.axis)
+    return em.op("LayerNormalization", [args[0], scale], axis=op.axis, epsilon=op.eps)
+
+
+def _rms_norm(em: Emitter, op: ops.RmsNorm, node: Node, args: list[str]) -> str:
+    if em.opset >= _RMS_NORM_OPSET:
+        scale = _ones(em, node, op.axis)
+        return em.op("RMSNormalization", [args[0], scale], axis=op.axis, epsilon=op.eps)
+    x, dtype = args[0], node.output.dtype
+    axes = em.ints(list(range(op.axis, node.output.rank)))
+    mean_square = em.op("ReduceMean", [em.op("Mul", [x, x]), axes], keepdims=1)
+    root = em.op("Sqrt", [em.op("Add", [mean_square, em.scalar(op.eps, dtype)])])
+    return em.op("Div", [x, root])
+
+
+EXPORTERS: dict[type[ops.Op], OpExporter] = {
+    ops.Input: _input,
+    ops.Constant: _constant,
+    ops.Iota: _iota,
+    ops.Sizes: _sizes,
+    ops.View: _view,
+    ops.Broadcast: _broadcast,
+    ops.Permute: _permute,
+    ops.Slice: _slice,
+    ops.Flip: _flip,
+    ops.Pad: _pad,
+    ops.Concat: _concat,
+    ops.Gather: _gather,
+    ops.Scatter: _scatter,
+    ops.Cast: _cast,
+    ops.UnaryOp: _unary,
+    ops.BinaryOp: _binary,
+    ops.Clamp: _clamp,
+    ops.Where: _where,
+    ops.Reduce: _reduce,
+    ops.ArgReduce: _arg_reduce,
+    ops.ArgSort: _arg_sort,
+    ops.CumSum: _cumsum,
+    ops.MatMul: _matmul,
+    ops.Conv: _conv,
+    ops.Pool: _pool,
+    ops.Softmax: _softmax,
+    ops.LayerNorm: _layer_norm,
+    ops.RmsNorm: _rms_norm,
+}

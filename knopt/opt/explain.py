@@ -1,0 +1,87 @@
+"""`--explain`: which original nodes each chosen node covers, and the report as text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from knopt.ir.graph import Graph
+from knopt.ir.op import Input
+from knopt.opt.serialized import ENode
+
+if TYPE_CHECKING:
+    from knopt.opt.optimize import OptimizeReport
+
+
+def covered_nodes(
+    graph: Graph,
+    ir_nodes: Sequence[tuple[int, ENode]],
+    choice: dict[int, ENode],
+    roots: Sequence[int],
+) -> list[tuple[int, ENode, list[str]]]:
+    """Chosen nodes that replace original nodes, with the names of the nodes they replace.
+
+    An original node is replaced by the chosen node of the first class downstream of it (in the
+    original graph) that the new program computes, when its own class is not computed as it
+    was. Chosen nodes that are just their class's original node are left out.
+    """
+    index = {id(node): i for i, node in enumerate(graph.nodes)}
+    original = {cls: node for cls, node in ir_nodes}
+    owner: dict[int, int] = {}  # original node index -> class of the chosen node covering it
+    for i in range(len(graph.nodes) - 1, -1, -1):
+        cls, node = ir_nodes[i]
+        if isinstance(graph.nodes[i].op, Input):
+            continue
+        if cls in choice and choice[cls] == node:
+            continue  # computed as before
+        if cls in choice:
+            owner[i] = cls
+            continue
+        readers = [index[id(u)] for u in graph.nodes[i].output.users()]
+        owners = [owner[r] for r in readers if r in owner]
+        kept = [ir_nodes[r][0] for r in readers if ir_nodes[r][0] in choice and r not in owner]
+        if owners:
+            owner[i] = owners[0]
+        elif kept:
+            owner[i] = kept[0]
+    covered: dict[int, list[str]] = {}
+    for i, cls in owner.items():
+        covered.setdefault(cls, []).append(graph.nodes[i].name or graph.nodes[i].op.name)
+    del original, roots
+    return [(cls, choice[cls], sorted(set(names))) for cls, names in covered.items()]
+
+
+def format_report(report: OptimizeReport) -> str:
+    """The report as text for a person."""
+    lines = [
+        f"optimized with the {report.profile} cost model in {report.seconds:.2f} s",
+        f"  nodes: {report.nodes_before} -> {report.nodes_after}    "
+        f"estimated time: {_us(report.cost_before)} -> {_us(report.cost_after)}"
+        f"{_ratio(report.cost_before, report.cost_after)}",
+        f"  saturation: {report.egraph_nodes} e-nodes, "
+        + (f"stopped by the {report.stopped_by}" if report.stopped_by else "ran to the end"),
+        f"  extraction: {report.extraction} (ILP: {report.ilp_status})",
+    ]
+    if report.user_rules:
+        lines.append(f"  user rule files: {', '.join(report.user_rules)}")
+    lines.append("rules that fired (matches):")
+    for name, count in sorted(report.rules_fired.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"  {count:6d}  {name}")
+    if report.patterns:
+        lines.append("recognised and fused (what replaced which original nodes):")
+        for pattern in sorted(report.patterns, key=lambda p: (p.op, p.replaced)):
+            shown = ", ".join(pattern.replaced[:6])
+            more = f" and {len(pattern.replaced) - 6} more" if len(pattern.replaced) > 6 else ""
+            lines.append(f"  {pattern.op} [{_us(pattern.cost)}] replaces {shown}{more}")
+    lines.append("time per phase:")
+    for phase in report.phases:
+        lines.append(f"  {phase['seconds'] * 1e3:8.1f} ms  {phase['name']}")
+    return "\n".join(lines)
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} us"
+
+
+def _ratio(before: float, after: float) -> str:
+    return f" ({before / after:.2f}x)" if after > 0 else ""

@@ -1,0 +1,140 @@
+"""`optimize`: graph in, cheaper equivalent graph out, with a report of what happened."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from knopt.errors import KnoptError
+from knopt.ir.graph import Graph
+from knopt.ir.validate import validate
+from knopt.opt.cost import PROFILES, CostModel, DeviceProfile
+from knopt.opt.egraph import Limits, saturate
+from knopt.opt.explain import covered_nodes
+from knopt.opt.extract import extract
+from knopt.opt.rebuild import rebuild_graph
+from knopt.opt.rules import RuleFile, read_rule_file
+
+
+@dataclass
+class Pattern:
+    """One chosen node that replaced original nodes (a fused or recognised computation)."""
+
+    op: str
+    replaced: list[str]
+    cost: float
+
+
+@dataclass
+class OptimizeReport:
+    """What optimization did. `to_json()` gives the machine-readable form."""
+
+    rules_fired: dict[str, int] = field(default_factory=dict)
+    nodes_before: int = 0
+    nodes_after: int = 0
+    cost_before: float = 0.0
+    cost_after: float = 0.0
+    seconds: float = 0.0
+    stopped_by: str | None = None
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    patterns: list[Pattern] = field(default_factory=list)
+    egraph_nodes: int = 0
+    extraction: str = ""
+    ilp_status: str = ""
+    profile: str = "cpu"
+    user_rules: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON-ready data."""
+        return {
+            "rules_fired": self.rules_fired,
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
+            "cost_before": self.cost_before,
+            "cost_after": self.cost_after,
+            "seconds": self.seconds,
+            "stopped_by": self.stopped_by,
+            "phases": self.phases,
+            "patterns": [vars(p) for p in self.patterns],
+            "egraph_nodes": self.egraph_nodes,
+            "extraction": self.extraction,
+            "ilp_status": self.ilp_status,
+            "profile": self.profile,
+            "user_rules": self.user_rules,
+        }
+
+
+@dataclass
+class OptimizeResult:
+    """The optimized graph and the report."""
+
+    graph: Graph
+    report: OptimizeReport
+
+
+def _profile(profile: str | DeviceProfile) -> DeviceProfile:
+    if isinstance(profile, DeviceProfile):
+        return profile
+    if profile not in PROFILES:
+        raise KnoptError(f"unknown device profile '{profile}' (known: {', '.join(PROFILES)})")
+    return PROFILES[profile]
+
+
+def optimize(
+    graph: Graph,
+    *,
+    rules: Sequence[str | Path | RuleFile] = (),
+    profile: str | DeviceProfile = "cpu",
+    limits: Limits = Limits(),
+    ilp: bool = True,
+) -> OptimizeResult:
+    """Optimize `graph` by equality saturation and cost-based extraction.
+
+    Args:
+        graph: The graph to optimize (it is not changed).
+        rules: Extra rule files, run with the shipped ones (their rules go in `algebra`).
+        profile: The device whose costs guide extraction ("cpu", "h200", "h200-graph").
+        limits: Saturation bounds; hitting one keeps the best e-graph so far.
+        ilp: Whether to refine extraction with an ILP when the e-graph is small enough.
+
+    Raises:
+        RuleFileError: If a rule file is malformed.
+        OptimizeError: If the rules or extraction produce something unusable.
+    """
+    start = time.perf_counter()
+    device = _profile(profile)
+    extra = [r if isinstance(r, RuleFile) else read_rule_file(r) for r in rules]
+    saturation = saturate(graph, extra, limits)
+    data = saturation.data
+    roots = [saturation.ir_nodes[graph.nodes.index(v.producer)][0] for v in graph.outputs]
+    model = CostModel(data, device)
+    began = time.perf_counter()
+    extraction = extract(
+        data, roots, model.node_cost, saturation.ir_nodes, ilp_max_nodes=4000 if ilp else 0
+    )
+    extract_seconds = time.perf_counter() - began
+    optimized = rebuild_graph(data, saturation.tables, extraction.choice, roots, graph)
+    validate(optimized)
+    unfolded = CostModel(data, device, folding=False)
+    report = OptimizeReport(
+        rules_fired={k: v for k, v in sorted(saturation.rules_fired.items()) if v},
+        nodes_before=len(graph.nodes),
+        nodes_after=len(optimized.nodes),
+        cost_before=sum(unfolded.node_cost(cls, node) for cls, node in saturation.ir_nodes),
+        cost_after=extraction.cost,
+        stopped_by=saturation.stopped_by,
+        phases=[vars(p) for p in saturation.phases]
+        + [{"name": "extraction", "seconds": extract_seconds, "matches": 0}],
+        egraph_nodes=saturation.egraph_nodes,
+        extraction=extraction.method,
+        ilp_status=extraction.ilp_status,
+        profile=device.name,
+        user_rules=[r.name for r in extra],
+    )
+    for cls, node, names in covered_nodes(graph, saturation.ir_nodes, extraction.choice, roots):
+        report.patterns.append(Pattern(node.op, names, model.node_cost(cls, node)))
+    report.seconds = time.perf_counter() - start
+    return OptimizeResult(optimized, report)

@@ -1,0 +1,463 @@
+"""ONNX export: exported models run on onnxruntime exactly as the IR runs on knopt's executor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import knopt
+from knopt.errors import KnoptError, UnsupportedModelError
+from knopt.ir import GraphBuilder, sym
+from knopt.ir.dtype import DType
+from knopt.ir.graph import Graph, Value
+from knopt.ir.op import (
+    OP_CLASSES,
+    Binary,
+    PadMode,
+    PoolKind,
+    Reduction,
+    ScatterReduction,
+    Unary,
+)
+from knopt.ir.shape import Shape
+from knopt.onnx.export import save_onnx
+from knopt.onnx.export_elementwise import BINARY_EXPORTERS, UNARY_EXPORTERS
+from knopt.onnx.export_ops import EXPORTERS
+from tests.models import Fixture, fixtures
+from tests.oracle import assert_same, random_array, run_knopt, run_onnxruntime
+
+pytest.importorskip("onnxruntime")
+
+F32 = DType.F32
+
+
+def test_exporters_cover_every_op_class() -> None:
+    assert set(EXPORTERS) == set(OP_CLASSES)
+
+
+def test_exporters_cover_every_elementwise_kind() -> None:
+    assert set(UNARY_EXPORTERS) == set(Unary)
+    assert set(BINARY_EXPORTERS) == set(Binary)
+
+
+# ---- real models ---------------------------------------------------------------------------
+
+
+def _load_or_skip(fixture: Fixture) -> Graph:
+    try:
+        return knopt.load(fixture.path)
+    except UnsupportedModelError as err:
+        pytest.skip(f"knopt cannot import this model yet (issue 2): {err}")
+
+
+def _resized_feeds(fixture: Fixture) -> dict[str, np.ndarray] | None:
+    """Feeds with every dynamic axis one longer than in the manifest, or None if none is."""
+    specs = []
+    for spec in fixture.inputs:
+        shape = list(spec["shape"])
+        for axis in spec.get("dynamic_axes", {}):
+            shape[int(axis)] += 1
+        specs.append({**spec, "shape": shape})
+    if all(s["shape"] == o["shape"] for s, o in zip(specs, fixture.inputs, strict=True)):
+        return None
+    return Fixture(fixture.file, fixture.model, fixture.style, specs).feeds(seed=1)
+
+
+@pytest.mark.parametrize("fixture", fixtures(), ids=lambda f: f.file)
+def test_fixture_round_trips_through_onnxruntime(fixture: Fixture) -> None:
+    exported = save_onnx(_load_or_skip(fixture))
+    original = onnx.load(fixture.path)
+    feeds = fixture.feeds()
+    assert_same(run_onnxruntime(exported, feeds), run_onnxruntime(original, feeds))
+    resized = _resized_feeds(fixture)
+    if resized is not None:  # dynamic axes still work at other sizes
+        assert_same(run_onnxruntime(exported, resized), run_onnxruntime(original, resized))
+
+
+def test_reimported_export_runs_like_the_original() -> None:
+    fixture = next(f for f in fixtures() if f.file == "gpt2_ts14.onnx")
+    graph = knopt.load(fixture.path)
+    again = knopt.load(save_onnx(graph).SerializeToString())
+    feeds = fixture.feeds()
+    assert_same(run_knopt(again, feeds), run_knopt(graph, feeds))
+
+
+# ---- one op at a time ----------------------------------------------------------------------
+
+Body = Callable[[GraphBuilder, Value], Value]
+
+
+def _unary_graph(shape: Shape, dtype: DType, body: Body) -> Graph:
+    b = GraphBuilder("case")
+    b.output(body(b, b.input("x", shape, dtype)), "y")
+    return b.build()
+
+
+def _check_one_input(
+    rng: np.random.Generator,
+    body: Body,
+    shape: tuple[int, ...] = (2, 3, 4),
+    dtype: DType = F32,
+    *,
+    low: float = -3.0,
+    high: float = 3.0,
+    opset: int = 18,
+) -> None:
+    graph = _unary_graph(shape, dtype, body)
+    feeds = {"x": random_array(rng, shape, dtype, low=low, high=high)}
+    assert_same(run_onnxruntime(save_onnx(graph, opset=opset), feeds), run_knopt(graph, feeds))
+
+
+_STRUCTURAL: dict[str, Body] = {
+    "view": lambda b, x: b.view(x, (6, 4)),
+    "broadcast": lambda b, x: b.broadcast(b.slice(x, axis=1, start=0, stop=1), (2, 3, 4)),
+    "permute": lambda b, x: b.permute(x, (2, 0, 1)),
+    "slice_step": lambda b, x: b.slice(x, axis=2, start=1, stop=4, step=2),
+    "flip": lambda b, x: b.flip(x, axis=1),
+    "pad_constant": lambda b, x: b.pad(x, pads=((0, 0), (1, 2), (2, 0)), value=1.5),
+    "pad_reflect": lambda b, x: b.pad(x, pads=((0, 0), (1, 1), (2, 3)), mode=PadMode.REFLECT),
+    "pad_edge": lambda b, x: b.pad(x, pads=((1, 0), (0, 2), (3, 1)), mode=PadMode.EDGE),
+    "pad_wrap": lambda b, x: b.pad(x, pads=((0, 0), (2, 1), (5, 9)), mode=PadMode.WRAP),
+    "concat": lambda b, x: b.concat([x, b.unary(Unary.NEG, x), x], axis=1),
+    "gather": lambda b, x: b.gather(x, b.constant(np.array([[2, -1], [0, 1]])), axis=1),
+    "cast_to_int": lambda b, x: b.cast(b.mul(x, b.constant(np.float32(3))), DType.I32),
+    "cast_to_bool": lambda b, x: b.cast(b.unary(Unary.ROUND, x), DType.BOOL),
+    "cast_to_f16": lambda b, x: b.cast(x, DType.F16),
+    "clamp": lambda b, x: b.clamp(x, lo=-0.5, hi=1.25),
+    "clamp_low_only": lambda b, x: b.clamp(x, lo=0.25),
+    "where": lambda b, x: b.where(
+        b.binary(Binary.GREATER, x, b.constant(np.float32(0))), x, b.constant(np.float32(-2))
+    ),
+    "arg_max": lambda b, x: b.arg_reduce(x, axis=1),
+    "arg_min_last": lambda b, x: b.arg_reduce(
+        b.unary(Unary.ROUND, x), axis=2, largest=False, last=True
+    ),
+    "arg_sort": lambda b, x: b.arg_sort(b.unary(Unary.ROUND, x), axis=2),
+    "arg_sort_descending": lambda b, x: b.arg_sort(
+        b.unary(Unary.ROUND, x), axis=1, descending=True
+    ),
+    "matmul": lambda b, x: b.matmul(x, b.permute(x, (0, 2, 1))),
+    "softmax": lambda b, x: b.softmax(x, axis=1),
+    "layer_norm": lambda b, x: b.layer_norm(x, axis=1, eps=1e-5),
+    "rms_norm": lambda b, x: b.rms_norm(x, axis=2, eps=1e-6),
+    "iota": lambda b, x: b.add(x, b.cast(b.iota(4, DType.I32), F32)),
+    "iota_u8": lambda b, x: b.add(x, b.cast(b.iota(4, DType.U8), F32)),
+    "sizes": lambda b, x: b.apply(_sizes_op((2, 7), DType.I32)),
+}
+
+for _kind in Reduction:
+    _STRUCTURAL[f"reduce_{_kind.name.lower()}"] = lambda b, x, k=_kind: b.reduce(k, x, axes=(0, 2))
+for _exclusive in (False, True):
+    for _reverse in (False, True):
+        _STRUCTURAL[f"cumsum_exclusive{_exclusive:d}_reverse{_reverse:d}"] = (
+            lambda b, x, e=_exclusive, r=_reverse: b.cumsum(x, axis=2, exclusive=e, reverse=r)
+        )
+
+
+def _sizes_op(dims: tuple[int, ...], dtype: DType) -> object:
+    from knopt.ir.op import Sizes
+
+    return Sizes(dims, dtype)
+
+
+@pytest.mark.parametrize("name", sorted(_STRUCTURAL))
+def test_op_exports_and_matches_knopt(rng: np.random.Generator, name: str) -> None:
+    _check_one_input(rng, _STRUCTURAL[name])
+
+
+@pytest.mark.parametrize("opset", [19, 20, 23])
+@pytest.mark.parametrize("name", ["pad_wrap", "rms_norm", "layer_norm"])
+def test_op_exports_at_newer_opsets(rng: np.random.Generator, name: str, opset: int) -> None:
+    _check_one_input(rng, _STRUCTURAL[name], opset=opset)
+
+
+_UNARY_DOMAINS: dict[Unary, tuple[float, float]] = {
+    Unary.LOG: (0.1, 4.0),
+    Unary.SQRT: (0.1, 4.0),
+    Unary.RSQRT: (0.1, 4.0),
+    Unary.ASIN: (-0.9, 0.9),
+    Unary.ACOS: (-0.9, 0.9),
+    Unary.ATANH: (-0.9, 0.9),
+    Unary.ACOSH: (1.1, 4.0),
+    Unary.TAN: (-1.2, 1.2),
+}
+_NOT_FLOAT = {Unary.NOT: DType.BOOL, Unary.BITWISE_NOT: DType.I32}
+
+
+@pytest.mark.parametrize("opset", [18, 20])
+@pytest.mark.parametrize("kind", list(Unary), ids=lambda k: k.name)
+def test_unary_kind_exports_and_matches_knopt(
+    rng: np.random.Generator, kind: Unary, opset: int
+) -> None:
+    low, high = _UNARY_DOMAINS.get(kind, (-3.0, 3.0))
+    dtype = _NOT_FLOAT.get(kind, F32)
+    _check_one_input(
+        rng, lambda b, x: b.unary(kind, x), dtype=dtype, low=low, high=high, opset=opset
+    )
+
+
+def test_is_nan_and_is_inf_find_them() -> None:
+    graph = _unary_graph(
+        (4,),
+        F32,
+        lambda b, x: b.binary(Binary.OR, b.unary(Unary.IS_NAN, x), b.unary(Unary.IS_INF, x)),
+    )
+    feeds = {"x": np.array([1.0, np.nan, -np.inf, 2.0], np.float32)}
+    (ours,) = run_knopt(graph, feeds)
+    assert ours.tolist() == [False, True, True, False]
+    assert_same(run_onnxruntime(save_onnx(graph), feeds), [ours])
+
+
+_BINARY_DTYPES: dict[Binary, list[DType]] = {
+    Binary.DIV: [F32, DType.I32, DType.I64],
+    Binary.MOD: [F32, DType.I32, DType.I64],
+    Binary.FMOD: [F32, DType.I32],
+    Binary.POW: [F32],
+    Binary.AND: [DType.BOOL],
+    Binary.OR: [DType.BOOL],
+    Binary.XOR: [DType.BOOL],
+    Binary.BITWISE_AND: [DType.I32],
+    Binary.BITWISE_OR: [DType.I32],
+    Binary.BITWISE_XOR: [DType.I32],
+    Binary.SHIFT_LEFT: [DType.U8, DType.I32],
+    Binary.SHIFT_RIGHT: [DType.U32, DType.I32, DType.I64],
+}
+_BINARY_CASES = [
+    (kind, dtype) for kind in Binary for dtype in _BINARY_DTYPES.get(kind, [F32, DType.I64])
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "dtype"), _BINARY_CASES, ids=[f"{k.name}-{d.short}" for k, d in _BINARY_CASES]
+)
+def test_binary_kind_exports_and_matches_knopt(
+    rng: np.random.Generator, kind: Binary, dtype: DType
+) -> None:
+    b = GraphBuilder("case")
+    x = b.input("x", (3, 4), dtype)
+    y = b.input("y", (1, 4), dtype)
+    b.output(b.binary(kind, x, y), "z")
+    graph = b.build()
+    if kind in (Binary.SHIFT_LEFT, Binary.SHIFT_RIGHT):
+        feeds = {
+            "x": random_array(rng, (3, 4), dtype, low=-100, high=100),
+            "y": rng.integers(0, 4, (1, 4)).astype(dtype.numpy),
+        }
+    elif kind is Binary.POW:
+        feeds = {
+            "x": random_array(rng, (3, 4), dtype, low=0.1, high=3.0),
+            "y": random_array(rng, (1, 4), dtype),
+        }
+    else:
+        feeds = {
+            "x": random_array(rng, (3, 4), dtype, low=-20, high=20),
+            "y": random_array(rng, (1, 4), dtype, low=-6, high=6),
+        }
+    assert_same(run_onnxruntime(save_onnx(graph), feeds), run_knopt(graph, feeds))
+
+
+def test_integer_division_truncates_and_mod_follows_divisor() -> None:
+    b = GraphBuilder("case")
+    x = b.input("x", (4,), DType.I32)
+    y = b.input("y", (4,), DType.I32)
+    b.output(b.binary(Binary.DIV, x, y), "quotient")
+    b.output(b.binary(Binary.MOD, x, y), "mod")
+    b.output(b.binary(Binary.FMOD, x, y), "fmod")
+    graph = b.build()
+    feeds = {"x": np.array([7, -7, 7, -7], np.int32), "y": np.array([2, 2, -2, -2], np.int32)}
+    ours = run_knopt(graph, feeds)
+    assert [a.tolist() for a in ours] == [[3, -3, -3, 3], [1, 1, -1, -1], [1, -1, 1, -1]]
+    assert_same(run_onnxruntime(save_onnx(graph), feeds), ours)
+
+
+def test_scatter_reductions_export(rng: np.random.Generator) -> None:
+    b = GraphBuilder("case")
+    data = b.input("data", (3, 5), F32)
+    updates = b.input("updates", (3, 2), F32)
+    indices = b.constant(np.array([[0, 4], [-1, 2], [3, 1]]))
+    for reduction in ScatterReduction:
+        out = b.scatter(data, indices, updates, axis=1, reduction=reduction)
+        b.output(out, reduction.name.lower())
+    graph = b.build()
+    feeds = {"data": random_array(rng, (3, 5), F32), "updates": random_array(rng, (3, 2), F32)}
+    assert_same(run_onnxruntime(save_onnx(graph), feeds), run_knopt(graph, feeds))
+
+
+@pytest.mark.parametrize(
+    ("strides", "pads", "dilations", "groups"),
+    [
+        ((1, 1), ((0, 0), (0, 0)), (1, 1), 1),
+        ((2, 1), ((1, 2), (0, 1)), (1, 2), 2),
+        ((1, 2), ((2, 2), (1, 1)), (2, 1), 4),
+    ],
+)
+def test_conv_exports(
+    rng: np.random.Generator,
+    strides: tuple[int, int],
+    pads: tuple[tuple[int, int], ...],
+    dilations: tuple[int, int],
+    groups: int,
+) -> None:
+    b = GraphBuilder("case")
+    x = b.input("x", (2, 4, 9, 8), F32)
+    w = b.constant(random_array(rng, (8, 4 // groups, 3, 2), F32))
+    b.output(b.conv(x, w, strides=strides, pads=pads, dilations=dilations, groups=groups), "y")
+    graph = b.build()
+    feeds = {"x": random_array(rng, (2, 4, 9, 8), F32)}
+    assert_same(run_onnxruntime(save_onnx(graph), feeds), run_knopt(graph, feeds))
+
+
+@pytest.mark.parametrize("kind", list(PoolKind), ids=lambda k: k.name)
+@pytest.mark.parametrize("ceil_mode", [False, True])
+@pytest.mark.parametrize("count_include_pad", [False, True])
+def test_pool_exports(
+    rng: np.random.Generator, kind: PoolKind, ceil_mode: bool, count_include_pad: bool
+) -> None:
+    def body(b: GraphBuilder, x: Value) -> Value:
+        return b.pool(
+            kind,
+            x,
+            kernel=(3, 2),
+            strides=(2, 2),
+            pads=((1, 1), (0, 1)),
+            dilations=(1, 1),
+            ceil_mode=ceil_mode,
+            count_include_pad=count_include_pad,
+        )
+
+    _check_one_input(rng, body, shape=(1, 2, 8, 7))
+
+
+def test_dilated_average_pool_needs_opset_19(rng: np.random.Generator) -> None:
+    graph = _unary_graph(
+        (1, 1, 7, 7),
+        F32,
+        lambda b, x: b.pool(
+            PoolKind.AVG, x, kernel=(2, 2), strides=(1, 1), pads=((0, 0), (0, 0)), dilations=(2, 2)
+        ),
+    )
+    with pytest.raises(UnsupportedModelError, match="opset=19"):
+        save_onnx(graph)
+    feeds = {"x": random_array(rng, (1, 1, 7, 7), F32)}
+    assert_same(run_onnxruntime(save_onnx(graph, opset=19), feeds), run_knopt(graph, feeds))
+
+
+# ---- symbolic sizes ------------------------------------------------------------------------
+
+
+def _symbolic_graph() -> Graph:
+    batch, seq = sym("batch"), sym("seq")
+    b = GraphBuilder("symbolic")
+    x = b.input("x", (batch, seq, 4), F32)
+    flat = b.view(x, (batch * seq * 2, 2))
+    b.output(b.view(b.unary(Unary.NEG, flat), (batch, seq, 4)), "viewed")
+    b.output(b.broadcast(b.slice(x, axis=0, start=0, stop=1), (batch, seq, 4)), "broadcast")
+    b.output(b.slice(x, axis=1, start=1, stop=seq), "sliced")
+    positions = b.cast(b.view(b.iota(seq), (1, seq, 1)), F32)
+    b.output(b.add(x, positions), "positioned")
+    b.output(b.apply(_sizes_op((batch, seq * 2 + 1), DType.I64)), "sizes")
+    b.output(b.layer_norm(x, axis=1, eps=1e-5), "normalized")
+    b.output(b.arg_sort(x, axis=1), "sorted")
+    b.output(b.pad(x, pads=((0, 0), (1, 2), (0, 0)), mode=PadMode.WRAP), "wrapped")
+    return b.build()
+
+
+@pytest.mark.parametrize("sizes", [(2, 3), (3, 5)])
+def test_symbolic_sizes_stay_dynamic(rng: np.random.Generator, sizes: tuple[int, int]) -> None:
+    graph = _symbolic_graph()
+    model = save_onnx(graph, opset=19)
+    feeds = {"x": random_array(rng, (*sizes, 4), F32)}
+    assert_same(run_onnxruntime(model, feeds), run_knopt(graph, feeds))
+
+
+def test_symbolic_sizes_become_dim_params() -> None:
+    model = save_onnx(_symbolic_graph(), opset=19)
+    (x,) = model.graph.input
+    assert [d.dim_param or d.dim_value for d in x.type.tensor_type.shape.dim] == ["batch", "seq", 4]
+    outputs = {o.name: o for o in model.graph.output}
+    sliced = outputs["sliced"].type.tensor_type.shape.dim
+    assert [d.dim_param or d.dim_value for d in sliced] == ["batch", str(sym("seq") - 1), 4]
+
+
+def test_wrap_pad_of_symbolic_axis_needs_opset_19() -> None:
+    with pytest.raises(UnsupportedModelError, match="opset=19"):
+        save_onnx(_symbolic_graph(), opset=18)
+
+
+def test_size_that_no_input_carries_cannot_export() -> None:
+    b = GraphBuilder("case")
+    x = b.input("x", (2 * sym("n"),), F32)
+    b.output(b.view(x, (sym("n"), 2)), "y")
+    with pytest.raises(UnsupportedModelError, match="'n'"):
+        save_onnx(b.build())
+
+
+# ---- model structure -----------------------------------------------------------------------
+
+
+def test_nodes_carry_ir_node_names() -> None:
+    b = GraphBuilder("case")
+    x = b.input("x", (2, 3), F32)
+    b.current_name = "/block/gelu"
+    y = b.unary(Unary.GELU, x)
+    b.current_name = "/block/act"
+    b.output(b.unary(Unary.RELU, y), "y")
+    names = [n.name for n in save_onnx(b.build()).graph.node]
+    assert "/block/act" in names
+    assert "/block/gelu" in names
+    assert sum(n.startswith("/block/gelu") for n in names) > 1
+    assert len(set(names)) == len(names)
+
+
+def test_large_constants_become_initializers_small_ones_constant_nodes() -> None:
+    b = GraphBuilder("case")
+    x = b.input("x", (4, 8), F32)
+    y = b.add(x, b.constant(np.arange(32, dtype=np.float32).reshape(4, 8) + 1))
+    b.output(b.mul(y, b.constant(np.float32(2))), "y")
+    model = save_onnx(b.build())
+    assert [list(t.dims) for t in model.graph.initializer] == [[4, 8]]
+    constants = [n.attribute[0].t for n in model.graph.node if n.op_type == "Constant"]
+    assert constants
+    assert all(int(np.prod(t.dims)) < 16 for t in constants)
+
+
+def test_outputs_that_are_inputs_or_repeated_values_get_their_names(
+    rng: np.random.Generator,
+) -> None:
+    b = GraphBuilder("case")
+    x = b.input("x", (2, 3), F32)
+    y = b.unary(Unary.EXP, x)
+    b.output(y, "first")
+    b.output(y, "second")
+    b.output(x, "echo")
+    b.output(b.constant(np.float32(1.5)), "constant")
+    graph = b.build()
+    model = save_onnx(graph)
+    assert [o.name for o in model.graph.output] == ["first", "second", "echo", "constant"]
+    feeds = {"x": random_array(rng, (2, 3), F32)}
+    assert_same(run_onnxruntime(model, feeds), run_knopt(graph, feeds))
+
+
+def test_save_writes_a_file_knopt_loads_again(tmp_path: Path, rng: np.random.Generator) -> None:
+    graph = _unary_graph((2, 3), F32, lambda b, x: b.unary(Unary.TANH, x))
+    path = tmp_path / "model.onnx"
+    knopt.save(graph, path)
+    feeds = {"x": random_array(rng, (2, 3), F32)}
+    assert_same(run_knopt(knopt.load(path), feeds), run_knopt(graph, feeds))
+
+
+@pytest.mark.parametrize("opset", [17, onnx.defs.onnx_opset_version() + 1])
+def test_unknown_opsets_are_refused(opset: int) -> None:
+    graph = _unary_graph((2,), F32, lambda b, x: b.unary(Unary.EXP, x))
+    with pytest.raises(UnsupportedModelError, match=f"opset {opset}"):
+        save_onnx(graph, opset=opset)
+
+
+def test_unwritable_path_is_a_knopt_error(tmp_path: Path) -> None:
+    graph = _unary_graph((2,), F32, lambda b, x: b.unary(Unary.EXP, x))
+    with pytest.raises(KnoptError, match="cannot write"):
+        save_onnx(graph, tmp_path / "missing" / "model.onnx")
