@@ -29,6 +29,7 @@ _COMPUTE_OPS = (
     ops.Softmax,
     ops.LayerNorm,
     ops.RmsNorm,
+    ops.Attention,
 )
 
 

@@ -195,6 +195,12 @@ def _rms_norm(op: ops.RmsNorm, x: Array) -> Array:
     return (x / np.sqrt(ms + np.asarray(op.eps, x.dtype))).astype(x.dtype)
 
 
+def _attention(op: ops.Attention, q: Array, k: Array, v: Array, bias: Array) -> Array:
+    scores = np.matmul(q, np.swapaxes(k, -1, -2)) * q.dtype.type(op.scale) + bias
+    probabilities = _softmax(ops.Softmax(scores.ndim - 1), scores)
+    return np.matmul(probabilities, v)
+
+
 def _iota(op: ops.Iota) -> Array:
     return np.arange(op.length, dtype=op.dtype.numpy)  # type: ignore[call-overload]
 
@@ -235,4 +241,5 @@ KERNELS: dict[type[ops.Op], Kernel] = {
     ops.Softmax: _softmax,
     ops.LayerNorm: _layer_norm,
     ops.RmsNorm: _rms_norm,
+    ops.Attention: _attention,
 }

@@ -830,6 +830,39 @@ class RmsNorm(Op):
         return x
 
 
+@dataclass(frozen=True)
+class Attention(Op):
+    """Scaled dot-product attention: `softmax(q @ k^T * scale + bias) @ v` over the last axes.
+
+    Inputs q `[..., s, d]`, k `[..., t, d]`, v `[..., t, e]` and an additive bias `[..., s, t]`
+    (a mask: 0 where a key may be attended, very negative where not), all with equal leading
+    dimensions. Kernels never materialize the `[s, t]` scores when they can avoid it.
+    """
+
+    arity: ClassVar[int | None] = 4
+    scale: float
+
+    def infer(self, inputs: Sequence[TensorType], where: str) -> TensorType:
+        q, k, v, bias = inputs
+        dtype = _same_dtype(inputs, where)
+        if not dtype.is_float:
+            raise _fail(where, f"attention needs float operands, got {dtype.short}")
+        rank = q.rank
+        if rank < 2 or not k.rank == v.rank == bias.rank == rank:
+            raise _fail(where, "attention operands must have equal ranks >= 2")
+        lead = q.shape[:-2]
+        if k.shape[:-2] != lead or v.shape[:-2] != lead or bias.shape[:-2] != lead:
+            raise _fail(where, "attention operands must have equal leading dimensions")
+        s, d = q.shape[-2:]
+        t = k.shape[-2]
+        if k.shape[-1] != d or v.shape[-2] != t or bias.shape[-2:] != (s, t):
+            raise _fail(
+                where,
+                f"attention shapes do not fit: q {q}, k {k}, v {v}, bias {bias}",
+            )
+        return TensorType((*lead, s, v.shape[-1]), dtype)
+
+
 OP_CLASSES: tuple[type[Op], ...] = (
     Input,
     Constant,
@@ -859,4 +892,5 @@ OP_CLASSES: tuple[type[Op], ...] = (
     Softmax,
     LayerNorm,
     RmsNorm,
+    Attention,
 )

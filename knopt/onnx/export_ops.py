@@ -266,6 +266,16 @@ def _rms_norm(em: Emitter, op: ops.RmsNorm, node: Node, args: list[str]) -> str:
     return em.op("Div", [x, root])
 
 
+def _attention(em: Emitter, op: ops.Attention, node: Node, args: list[str]) -> str:
+    q, k, v, bias = args
+    rank = node.output.rank
+    perm = [*range(rank - 2), rank - 1, rank - 2]
+    scores = em.op("MatMul", [q, em.op("Transpose", [k], perm=perm)])
+    scaled = em.op("Mul", [scores, em.scalar(op.scale, node.output.dtype)])
+    weights = em.op("Softmax", [em.op("Add", [scaled, bias])], axis=rank - 1)
+    return em.op("MatMul", [weights, v])
+
+
 EXPORTERS: dict[type[ops.Op], OpExporter] = {
     ops.Input: _input,
     ops.Constant: _constant,
@@ -295,4 +305,5 @@ EXPORTERS: dict[type[ops.Op], OpExporter] = {
     ops.Softmax: _softmax,
     ops.LayerNorm: _layer_norm,
     ops.RmsNorm: _rms_norm,
+    ops.Attention: _attention,
 }

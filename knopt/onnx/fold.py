@@ -31,8 +31,8 @@ _NEVER_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
 
 def fold_node(ctx: ImportContext, node: onnx.NodeProto, domain: str) -> list[Known | None] | None:
     """The node's outputs if they can be known now, else None (then it is imported)."""
-    if domain or node.op_type in _NEVER_FOLD:
-        return None
+    if domain or node.op_type in _NEVER_FOLD or _has_subgraph(node):
+        return None  # subgraphs read the enclosing scope, which a scratch graph lacks
     args: list[Known | None] = []
     for name in node.input:
         found = ctx.env.get(name) if name else None
@@ -89,3 +89,8 @@ def _numel(shape: tuple[object, ...]) -> int:
         total *= d
     return total
 
+
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
+    )

@@ -153,7 +153,7 @@ def import_model(
     ctx = ImportContext(builder, default_opset(model))
     ctx.functions = {(f.domain, f.name): f for f in model.functions}
     for tensor in graph.initializer:
-        ctx.env[tensor.name] = _initializer(tensor)
+        ctx.env[tensor.name] = initializer_value(tensor)
     initializer_names = {t.name for t in graph.initializer}
     known_inputs = known_inputs or {}
     for info in graph.input:
@@ -169,7 +169,14 @@ def import_model(
     return result
 
 
-def _initializer(tensor: onnx.TensorProto) -> Known:
+def initializer_value(tensor: onnx.TensorProto) -> Known:
+    """An initializer (of the graph or of a subgraph) as a known value.
+
+    Raises:
+        UnsupportedModelError: If its element type is not supported.
+        InvalidGraphError: If it declares more than 2^34 elements.
+        InvalidModelError: If its data does not match its shape.
+    """
     where = f"initializer '{tensor.name}'"
     dtype = DType.from_onnx(tensor.data_type, where)
     count = int(np.prod(tensor.dims, dtype=np.float64))

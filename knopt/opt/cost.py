@@ -127,6 +127,11 @@ class CostModel:
         if op == "MatMul":
             a = self.shape(node.args[0].id)
             return 2.0 * out * a[-1]
+        if op == "Attention":
+            q, v = self.shape(node.args[0].id), self.shape(node.args[2].id)
+            keys = self.shape(node.args[1].id)[-2]
+            rows = math.prod(q[:-1])
+            return 2.0 * rows * keys * (q[-1] + v[-1]) + 8.0 * rows * keys
         if op == "Conv":
             w = self.shape(node.args[1].id)
             return 2.0 * out * math.prod(w[1:])

@@ -3,20 +3,20 @@
 The cost of a program is the sum of the costs of the nodes it computes, each class paid once
 however many readers it has (DAG cost). Three steps:
 
-1. **Order.** Every class gets a key; a node is *allowed* in a class only if all its children
-   have smaller keys, so any choice of allowed nodes is acyclic. Classes that hold IR nodes take
-   their IR position, so the original program is always allowed; classes made by rules get keys
-   just above their children (a Dijkstra pass over "max of the children").
-2. **Greedy + local search.** A bottom-up pass picks, per class, the allowed node with the least
-   cost when shared children are split among their readers. Local search then makes exact moves
-   (reference counts track which classes are needed): switch one class to another node, or stop
-   reading a shared class by switching all its readers at once (inline a cheap intermediate).
-3. **ILP** (HiGHS through highspy) when the e-graph is small enough: binary node variables,
-   one node per class, children of chosen nodes chosen, explicit topological-order constraints
-   for acyclicity, warm-started from step 2 and time-limited.
+1. **Greedy.** Classes are visited bottom-up (in order of their shallowest node, a Dijkstra
+   pass over "one more than the deepest child"); each takes the node whose children are already
+   chosen and whose cost is least when a shared child's cost is split among its readers.
+2. **Local search** with exact costs: reference counts track which classes the program needs,
+   and moves are (a) switching one class to another node, (b) having every reader of a shared
+   class stop reading it (inlining a cheap intermediate). A move that would make a cycle is
+   refused: a topological numbering of the current choice answers most checks at once, a
+   bounded search the rest. The original program is a second starting point, so the result is
+   never estimated worse than the input.
+3. **ILP** (HiGHS through highspy, knopt/opt/ilp.py) when the e-graph is small enough, with
+   explicit acyclicity constraints, warm-started from step 2 and time-limited.
 
-Every result is checked (one node per needed class, children present, no cycle); a failed
-check falls back to the local-search answer.
+Every result is checked (one node per needed class, children present, no cycle); a failed check
+falls back to the local-search answer.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from knopt.errors import OptimizeError
 from knopt.opt.serialized import EGraphData, ENode
 
-_STEP = 1 << 20  # keys: IR position * _STEP, plus the depth of rule-made classes above it
-
 
 @dataclass
 class Extraction:
@@ -40,7 +38,7 @@ class Extraction:
     Attributes:
         choice: Class id to its node, for needed classes only.
         cost: Total DAG cost (seconds).
-        method: Which step produced the answer ("greedy", "local", "ilp").
+        method: Which step produced the answer ("greedy", "original", "local", "ilp").
         ilp_status: What the ILP did, if it ran.
     """
 
@@ -51,59 +49,44 @@ class Extraction:
 
 
 class _Problem:
-    """Dense arrays of classes and allowed nodes."""
+    """Classes with their usable nodes, node costs and distinct children."""
 
-    def __init__(
-        self,
-        data: EGraphData,
-        cost: Callable[[int, ENode], float],
-        ir_classes: Sequence[int],
-    ) -> None:
-        self.data = data
-        self.key = _keys(data, ir_classes)
+    def __init__(self, data: EGraphData, cost: Callable[[int, ENode], float]) -> None:
         self.nodes: dict[int, list[ENode]] = {}
         self.costs: dict[int, list[float]] = {}
         self.kids: dict[int, list[tuple[int, ...]]] = {}
         for cls, nodes in data.classes.items():
-            if cls not in self.key:
-                continue
-            mine = self.key[cls]
-            kept = [n for n in nodes if all(self.key.get(c, mine) < mine for c in n.children())]
-            kept = [n for n in kept if all(c in self.key for c in n.children())]
+            kept = [n for n in nodes if all(k in data.classes for k in n.children())]
+            kept = [n for n in kept if cls not in n.children()]
             self.nodes[cls] = kept
             self.costs[cls] = [cost(cls, n) for n in kept]
             self.kids[cls] = [tuple(dict.fromkeys(n.children())) for n in kept]
 
-
-def _keys(data: EGraphData, ir_classes: Sequence[int]) -> dict[int, int]:
-    """Each class's key: IR position for IR classes, else just above its cheapest children."""
-    key: dict[int, int] = {}
-    for index, cls in enumerate(ir_classes):
-        key.setdefault(cls, index * _STEP)
-    parents: dict[int, list[tuple[int, int]]] = {}
-    waiting: dict[tuple[int, int], int] = {}
-    heap: list[tuple[int, int]] = []
-    for cls, nodes in data.classes.items():
-        for i, node in enumerate(nodes):
-            kids = set(node.children())
-            waiting[(cls, i)] = len(kids)
-            for kid in kids:
-                parents.setdefault(kid, []).append((cls, i))
-            if not kids and cls not in key:
-                heapq.heappush(heap, (-_STEP + 1, cls))
-    for cls, k in key.items():
-        heapq.heappush(heap, (k, cls))
-    settled: dict[int, int] = {}
-    while heap:
-        k, cls = heapq.heappop(heap)
-        if cls in settled:
-            continue
-        settled[cls] = k
-        for parent, i in parents.get(cls, []):
-            waiting[(parent, i)] -= 1
-            if waiting[(parent, i)] == 0 and parent not in settled and parent not in key:
-                heapq.heappush(heap, (k + 1, parent))
-    return settled
+    def bottom_up(self) -> list[int]:
+        """Classes in order of their shallowest node's depth (unreachable ones left out)."""
+        parents: dict[int, list[tuple[int, int]]] = {}
+        waiting: dict[tuple[int, int], int] = {}
+        heap: list[tuple[int, int]] = []
+        for cls, kid_lists in self.kids.items():
+            for i, kids in enumerate(kid_lists):
+                waiting[(cls, i)] = len(kids)
+                for kid in kids:
+                    parents.setdefault(kid, []).append((cls, i))
+                if not kids:
+                    heapq.heappush(heap, (0, cls))
+        order: list[int] = []
+        seen: set[int] = set()
+        while heap:
+            depth, cls = heapq.heappop(heap)
+            if cls in seen:
+                continue
+            seen.add(cls)
+            order.append(cls)
+            for parent, i in parents.get(cls, []):
+                waiting[(parent, i)] -= 1
+                if waiting[(parent, i)] == 0 and parent not in seen:
+                    heapq.heappush(heap, (depth + 1, parent))
+        return order
 
 
 class _Solution:
@@ -120,9 +103,47 @@ class _Solution:
         for root in roots:
             self._inc(root)
         self.log.clear()
+        self.position: dict[int, int] = {}
+        self.renumber()
 
     def needed(self) -> list[int]:
         return [c for c, r in self.refs.items() if r > 0]
+
+    def renumber(self) -> None:
+        """A topological numbering of the chosen nodes of all classes (children first)."""
+        position: dict[int, int] = {}
+        for start in self.choice:
+            if start in position:
+                continue
+            stack = [(start, False)]
+            while stack:
+                cls, leaving = stack.pop()
+                if leaving:
+                    position[cls] = len(position)
+                elif cls not in position:
+                    position[cls] = -1  # on the stack
+                    stack.append((cls, True))
+                    for kid in self.p.kids[cls][self.choice[cls]]:
+                        if kid not in position:
+                            stack.append((kid, False))
+        self.position = position
+
+    def creates_cycle(self, cls: int, new: int) -> bool:
+        """Would choosing node `new` for `cls` make `cls` depend on itself?"""
+        mine = self.position[cls]
+        later = [k for k in self.p.kids[cls][new] if self.position[k] > mine]
+        seen: set[int] = set()
+        while later:
+            kid = later.pop()
+            if kid == cls:
+                return True
+            if kid in seen:
+                continue
+            seen.add(kid)
+            # Only classes numbered after `cls` can lead back to it.
+            later.extend(k for k in self.p.kids[kid][self.choice[kid]]
+                         if self.position[k] >= mine)
+        return False
 
     def _inc(self, cls: int) -> float:
         delta = 0.0
@@ -153,23 +174,20 @@ class _Solution:
         return delta
 
     def switch(self, cls: int, new: int) -> float:
-        """Choose node `new` for `cls`; returns the change of total cost."""
+        """Choose node `new` for `cls` (acyclic, checked by the caller); the change of cost."""
         old = self.choice[cls]
         if old == new:
             return 0.0
-        delta = 0.0
-        if self.refs.get(cls, 0) > 0:
-            delta += self.p.costs[cls][new] - self.p.costs[cls][old]
-            self.total += delta
-            self.choice[cls] = new
-            self.log.append((cls, -(old + 2)))  # a choice change, undone by restoring old
-            for kid in self.p.kids[cls][new]:
-                delta += self._inc(kid)
-            for kid in self.p.kids[cls][old]:
-                delta += self._dec(kid)
-        else:
-            self.choice[cls] = new
-            self.log.append((cls, -(old + 2)))
+        self.choice[cls] = new
+        self.log.append((cls, -(old + 2)))
+        if self.refs.get(cls, 0) == 0:
+            return 0.0
+        delta = self.p.costs[cls][new] - self.p.costs[cls][old]
+        self.total += delta
+        for kid in self.p.kids[cls][new]:
+            delta += self._inc(kid)
+        for kid in self.p.kids[cls][old]:
+            delta += self._dec(kid)
         return delta
 
     def mark(self) -> int:
@@ -184,8 +202,13 @@ class _Solution:
                 self.choice[cls] = -change - 2
         self.total = total
 
+    def accept(self, cls: int, new: int) -> None:
+        """Keep the numbering topological after `cls` took node `new`."""
+        if any(self.position[k] > self.position[cls] for k in self.p.kids[cls][new]):
+            self.renumber()
 
-def _greedy(problem: _Problem) -> dict[int, int]:
+
+def _greedy(problem: _Problem, order: list[int]) -> dict[int, int]:
     """Per class, the node least costly when shared children are split among readers."""
     readers: dict[int, int] = {}
     for cls, kid_lists in problem.kids.items():
@@ -193,7 +216,7 @@ def _greedy(problem: _Problem) -> dict[int, int]:
             readers[kid] = readers.get(kid, 0) + 1
     estimate: dict[int, float] = {}
     choice: dict[int, int] = {}
-    for cls in sorted(problem.nodes, key=problem.key.__getitem__):
+    for cls in order:
         best, best_i = float("inf"), -1
         for i, kids in enumerate(problem.kids[cls]):
             if not all(k in estimate for k in kids):
@@ -207,6 +230,15 @@ def _greedy(problem: _Problem) -> dict[int, int]:
     return choice
 
 
+def _try(solution: _Solution, cls: int, new: int) -> float | None:
+    """The cost change of switching `cls` to `new`, applied; None (nothing done) if cyclic."""
+    if not all(k in solution.choice for k in solution.p.kids[cls][new]):
+        return None
+    if solution.creates_cycle(cls, new):
+        return None
+    return solution.switch(cls, new)
+
+
 def _local_search(solution: _Solution, deadline: float) -> int:
     """Improve by exact moves until none helps or time is up; returns accepted moves."""
     p = solution.p
@@ -214,20 +246,20 @@ def _local_search(solution: _Solution, deadline: float) -> int:
     improved = True
     while improved and time.perf_counter() < deadline:
         improved = False
-        for cls in sorted(solution.needed(), key=p.key.__getitem__, reverse=True):
+        for cls in sorted(solution.needed(), key=solution.position.__getitem__, reverse=True):
             if solution.refs.get(cls, 0) == 0 or len(p.nodes[cls]) < 2:
                 continue
             for i in range(len(p.nodes[cls])):
-                if not all(k in solution.choice for k in p.kids[cls][i]):
-                    continue
                 mark, before = solution.mark(), solution.total
-                if solution.switch(cls, i) < -1e-15:
+                delta = _try(solution, cls, i)
+                if delta is not None and delta < -1e-15:
+                    solution.accept(cls, i)
                     improved, accepted = True, accepted + 1
                 else:
                     solution.undo(mark, before)
-        accepted += _inline_shared(solution)
-        if time.perf_counter() >= deadline:
-            break
+        moved = _inline_shared(solution)
+        accepted += moved
+        improved = improved or moved > 0
     return accepted
 
 
@@ -243,29 +275,28 @@ def _inline_shared(solution: _Solution) -> int:
         if len(users) < 2 or solution.refs.get(shared, 0) == 0:
             continue
         mark, before = solution.mark(), solution.total
+        changed = []
         ok = True
         for user in users:
             if shared not in p.kids[user][solution.choice[user]]:
                 continue
-            options = [
-                i
-                for i, kids in enumerate(p.kids[user])
-                if shared not in kids and all(k in solution.choice for k in kids)
-            ]
-            if not options:
+            best, best_delta = None, float("inf")
+            for i, kids in enumerate(p.kids[user]):
+                if shared in kids:
+                    continue
+                inner, total = solution.mark(), solution.total
+                delta = _try(solution, user, i)
+                solution.undo(inner, total)
+                if delta is not None and delta < best_delta:
+                    best, best_delta = i, delta
+            if best is None:
                 ok = False
                 break
-            best, best_delta = None, float("inf")
-            for i in options:
-                inner, total = solution.mark(), solution.total
-                delta = solution.switch(user, i)
-                solution.undo(inner, total)
-                if delta < best_delta:
-                    best, best_delta = i, delta
-            assert best is not None
             solution.switch(user, best)
+            changed.append((user, best))
         if ok and solution.total < before - 1e-15:
             accepted += 1
+            solution.renumber()
         else:
             solution.undo(mark, before)
     return accepted
@@ -283,54 +314,50 @@ def extract(
 ) -> Extraction:
     """Choose the cheapest program for `roots`.
 
+    Args:
+        data: The saturated e-graph.
+        roots: The output classes.
+        cost: The cost of a node in a class.
+        ir_nodes: Each original IR node's class and e-node (the original program).
+        seconds: Time for local search.
+        ilp_max_nodes: Run the ILP only on e-graphs with at most this many nodes (0: never).
+        ilp_seconds: Time limit of the ILP.
+
     Raises:
         OptimizeError: If no acyclic choice reaches the roots (a knopt bug).
     """
-    problem = _Problem(data, cost, [cls for cls, _ in ir_nodes])
-    choice = _greedy(problem)
+    problem = _Problem(data, cost)
+    choice = _greedy(problem, problem.bottom_up())
     missing = [r for r in roots if r not in choice]
     if missing:
         raise OptimizeError(f"extraction found no program for output classes {missing}")
     deadline = time.perf_counter() + seconds
     solution = _Solution(problem, dict(choice), roots)
-    moves = _local_search(solution, deadline)
-    method = "local" if moves else "greedy"
-    # The original program is allowed by construction; search from it too, and keep the best,
-    # so optimizing never makes the estimate worse.
-    start = _original_choice(problem, data, ir_nodes) | {
-        c: i for c, i in choice.items() if c not in ir_classes_set(ir_nodes)
-    }
-    other = _Solution(problem, start, roots)
+    method = "local" if _local_search(solution, deadline) else "greedy"
+    other = _Solution(problem, choice | _original_choice(problem, ir_nodes), roots)
     other_moves = _local_search(other, deadline)
     if other.total < solution.total - 1e-15:
         solution, method = other, "local" if other_moves else "original"
     best = _chosen(solution)
+    error = check_extraction(best, roots)
+    assert error is None, error
     result = Extraction(best, solution.total, method)
-    assert check_extraction(best, roots) is None, check_extraction(best, roots)
-    allowed = sum(len(n) for n in problem.nodes.values())
-    if ilp_max_nodes and allowed <= ilp_max_nodes:
+    if ilp_max_nodes and sum(len(n) for n in problem.nodes.values()) <= ilp_max_nodes:
         from knopt.opt.ilp import solve_ilp
 
         ilp = solve_ilp(data, roots, cost, best, ilp_seconds)
         result.ilp_status = ilp.status
         if ilp.choice is not None and ilp.cost < result.cost - 1e-12:
-            problem_error = check_extraction(ilp.choice, roots)
-            if problem_error is None:
+            error = check_extraction(ilp.choice, roots)
+            if error is None:
                 result = Extraction(ilp.choice, ilp.cost, "ilp", ilp.status)
             else:
-                result.ilp_status = f"rejected: {problem_error}"
+                result.ilp_status = f"rejected: {error}"
     return result
 
 
-def ir_classes_set(ir_nodes: Sequence[tuple[int, ENode]]) -> set[int]:
-    """The classes that hold IR nodes."""
-    return {cls for cls, _ in ir_nodes}
-
-
-def _original_choice(
-    problem: _Problem, data: EGraphData, ir_nodes: Sequence[tuple[int, ENode]]
-) -> dict[int, int]:
-    """Each IR class's first IR node (the one its key comes from)."""
+def _original_choice(problem: _Problem, ir_nodes: Sequence[tuple[int, ENode]]) -> dict[int, int]:
+    """Each IR class's earliest IR node: the original program, acyclic by construction."""
     choice: dict[int, int] = {}
     for cls, node in ir_nodes:
         if cls not in choice and node in problem.nodes[cls]:
@@ -357,8 +384,6 @@ def check_extraction(choice: dict[int, ENode], roots: Sequence[int]) -> str | No
                 continue
             if state.get(cls) == 2:
                 continue
-            if state.get(cls) == 1:
-                return f"class {cls} depends on itself (a cycle)"
             if cls not in choice:
                 return f"class {cls} is needed but has no node"
             state[cls] = 1
@@ -371,8 +396,9 @@ def check_extraction(choice: dict[int, ENode], roots: Sequence[int]) -> str | No
     return None
 
 
-def dag_cost(choice: dict[int, ENode], roots: Sequence[int],
-             cost: Callable[[int, ENode], float]) -> float:
+def dag_cost(
+    choice: dict[int, ENode], roots: Sequence[int], cost: Callable[[int, ENode], float]
+) -> float:
     """The DAG cost of a choice: each needed class paid once."""
     needed: set[int] = set()
     stack = list(roots)
@@ -399,4 +425,3 @@ def quiet_highs() -> object:
         os.close(saved)
     solver.setOptionValue("output_flag", False)
     return solver
-

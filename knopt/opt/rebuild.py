@@ -165,6 +165,7 @@ DECODERS: dict[str, Decoder] = {
     "Softmax": lambda r, a: ops.Softmax(a[1]),
     "LayerNorm": lambda r, a: ops.LayerNorm(a[1], a[2]),
     "RmsNorm": lambda r, a: ops.RmsNorm(a[1], a[2]),
+    "Attention": lambda r, a: ops.Attention(a[4]),
 }
 
 

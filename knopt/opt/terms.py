@@ -322,6 +322,11 @@ class LoadedGraph:
     terms: list[Any]
 
 
+@_encodes(ops.Attention)
+def _attention(e: _Encoder, op: ops.Attention, node: Node, args: list[Any]) -> Any:
+    return call("Attention", *args, _float(op.scale))
+
+
 def graph_commands(graph: Graph, tables: TermTables) -> LoadedGraph:
     """The commands that add `graph` to an e-graph.
 

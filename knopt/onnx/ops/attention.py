@@ -64,7 +64,7 @@ def _spec(ctx: ImportContext, node: onnx.NodeProto) -> AttentionSpec:
     )
 
 
-def _split_heads(ctx: ImportContext, x: Value, heads: int | None) -> Value:
+def split_heads(ctx: ImportContext, x: Value, heads: int | None) -> Value:
     """A 3-D `[batch, seq, heads * size]` input as `[batch, heads, seq, size]`."""
     if x.rank == 4:
         return x
@@ -171,7 +171,7 @@ def _bias(
     return bias
 
 
-def _repeat_heads(ctx: ImportContext, x: Value, heads: int) -> Value:
+def repeat_heads(ctx: ImportContext, x: Value, heads: int) -> Value:
     """Grouped-query attention: each KV head repeated for its group, `[h0, h0, h1, h1, ...]`."""
     have = x.shape[1]
     if have == heads or not isinstance(have, int) or heads % have:
@@ -209,9 +209,9 @@ def _attention(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | Non
     b = ctx.builder
     dtype = q.dtype
     rank = q.rank
-    q = _split_heads(ctx, q, spec.q_heads)
-    k = _split_heads(ctx, k, spec.kv_heads)
-    v = _split_heads(ctx, v, spec.kv_heads)
+    q = split_heads(ctx, q, spec.q_heads)
+    k = split_heads(ctx, k, spec.kv_heads)
+    v = split_heads(ctx, v, spec.kv_heads)
     past_len: Dim = 0
     if past_key is not None and past_value is not None:
         past_len = past_key.shape[2]
@@ -220,8 +220,8 @@ def _attention(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | Non
     present_key, present_value = k, v
     q_len, kv_len = q.shape[2], k.shape[2]
     bias = _bias(ctx, spec, mask, dtype, (q_len, kv_len, past_len), nonpad)
-    k = _repeat_heads(ctx, k, q.shape[1])  # type: ignore[arg-type]
-    v = _repeat_heads(ctx, v, q.shape[1])  # type: ignore[arg-type]
+    k = repeat_heads(ctx, k, q.shape[1])  # type: ignore[arg-type]
+    v = repeat_heads(ctx, v, q.shape[1])  # type: ignore[arg-type]
     scale = spec.scale if spec.scale is not None else 1 / np.sqrt(_static(ctx, q.shape[3]))
     root = scalar_like(ctx, q, float(np.sqrt(scale)))
     scores = b.matmul(b.mul(q, root), b.permute(b.mul(k, root), (0, 1, 3, 2)))

@@ -21,10 +21,14 @@ def _per_channel(ctx: ImportContext, v: Value, rank: int) -> Value:
     return ctx.builder.view(v, (v.shape[0], *(1,) * (rank - 2)))
 
 
-def _window_attributes(
+def window_attributes(
     ctx: ImportContext, attrs: Attributes, x: Value, kernel: list[int], dilations_ok: bool = True
 ) -> tuple[list[int], list[tuple[int, int]], list[int]]:
-    """Strides, pads (with auto_pad resolved) and dilations of a conv or pool node."""
+    """Strides, pads (with auto_pad resolved) and dilations of a conv or pool node.
+
+    Raises:
+        UnsupportedModelError: If the attributes do not fit the input or auto_pad is unknown.
+    """
     spatial = x.rank - 2
     if not 1 <= spatial <= MAX_SPATIAL:
         raise ctx.fail(f"{spatial}-d windows are not supported (1-d to 3-d are)")
@@ -57,7 +61,7 @@ def _conv(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x, w, bias = ctx.inputs(node, count=(2, 3))
     attrs = ctx.attributes(node)
     kernel = attrs.ints("kernel_shape", [int(d) for d in w.shape[2:]])
-    strides, pads, dilations = _window_attributes(ctx, attrs, x, kernel)
+    strides, pads, dilations = window_attributes(ctx, attrs, x, kernel)
     groups = attrs.int("group", 1)
     b = ctx.builder
     y = b.conv(x, w, strides=strides, pads=tuple(pads), dilations=dilations, groups=groups)
@@ -164,7 +168,7 @@ def _pool(ctx: ImportContext, node: onnx.NodeProto, kind: PoolKind) -> Value:
     attrs = ctx.attributes(node)
     kernel = attrs.ints("kernel_shape")
     dilations_ok = kind is PoolKind.MAX and ctx.opset >= 10 or ctx.opset >= 19
-    strides, pads, dilations = _window_attributes(ctx, attrs, x, kernel, dilations_ok)
+    strides, pads, dilations = window_attributes(ctx, attrs, x, kernel, dilations_ok)
     ceil_mode = bool(attrs.int("ceil_mode", 0)) if ctx.opset >= 10 else False
     count_include_pad = bool(attrs.int("count_include_pad", 0)) if kind is PoolKind.AVG else False
     if kind is PoolKind.MAX and attrs.int("storage_order", 0) != 0:
@@ -222,7 +226,7 @@ def _lp_pool(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     attrs = ctx.attributes(node)
     p = attrs.int("p", 2)
     kernel = attrs.ints("kernel_shape")
-    strides, pads, dilations = _window_attributes(ctx, attrs, x, kernel, ctx.opset >= 18)
+    strides, pads, dilations = window_attributes(ctx, attrs, x, kernel, ctx.opset >= 18)
     ceil_mode = bool(attrs.int("ceil_mode", 0))
     b = ctx.builder
     powered = b.binary(Binary.POW, b.unary(Unary.ABS, x), scalar_like(ctx, x, p))
