@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from knopt.errors import (
     CodegenError,
@@ -31,6 +31,8 @@ from knopt.session import Session
 
 if TYPE_CHECKING:
     from onnx import ModelProto
+
+    from knopt.opt.optimize import OptimizeResult
 
 __version__ = "0.1.0"
 
@@ -72,6 +74,17 @@ def save(
     return save_onnx(graph, path, opset=opset)
 
 
+def optimize(graph: Graph, **options: Any) -> OptimizeResult:
+    """Optimize a graph by equality saturation; see `knopt.opt.optimize.optimize`.
+
+    Returns:
+        The optimized graph (`.graph`) and what was done (`.report`).
+    """
+    from knopt.opt.optimize import optimize as run_optimizer
+
+    return run_optimizer(graph, **options)
+
+
 def compile(  # noqa: A001  (the public name mirrors torch.compile)
     model: Graph | str | os.PathLike[str] | bytes, device: str = "cpu"
 ) -> Session:
@@ -98,5 +111,6 @@ __all__ = [
     "UnsupportedModelError",
     "compile",
     "load",
+    "optimize",
     "save",
 ]

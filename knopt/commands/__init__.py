@@ -2,8 +2,8 @@
 
 from types import ModuleType
 
-from knopt.commands import demo
+from knopt.commands import demo, optimize
 
-COMMANDS: list[ModuleType] = [demo]
+COMMANDS: list[ModuleType] = [demo, optimize]
 
 __all__ = ["COMMANDS"]

@@ -64,12 +64,17 @@ def format_report(report: OptimizeReport) -> str:
     ]
     if report.user_rules:
         lines.append(f"  user rule files: {', '.join(report.user_rules)}")
-    lines.append("rules that fired (matches):")
-    for name, count in sorted(report.rules_fired.items(), key=lambda kv: (-kv[1], kv[0])):
+    facts = {k: v for k, v in report.rules_fired.items()
+             if report.rulesets.get(k) in ("analysis", "fold")}
+    rewrites = {k: v for k, v in report.rules_fired.items() if k not in facts}
+    lines.append(f"rewrite rules that fired (matches; {sum(facts.values())} more matches of "
+                 f"{len(facts)} typing and folding rules):")
+    for name, count in sorted(rewrites.items(), key=lambda kv: (-kv[1], kv[0])):
         lines.append(f"  {count:6d}  {name}")
-    if report.patterns:
+    shown = [p for p in report.patterns if p.op not in ("Splat", "Constant", "View", "Broadcast")]
+    if shown:
         lines.append("recognised and fused (what replaced which original nodes):")
-        for pattern in sorted(report.patterns, key=lambda p: (p.op, p.replaced)):
+        for pattern in sorted(shown, key=lambda p: (p.op, p.replaced)):
             shown = ", ".join(pattern.replaced[:6])
             more = f" and {len(pattern.replaced) - 6} more" if len(pattern.replaced) > 6 else ""
             lines.append(f"  {pattern.op} [{_us(pattern.cost)}] replaces {shown}{more}")

@@ -16,7 +16,7 @@ from knopt.opt.egraph import Limits, saturate
 from knopt.opt.explain import covered_nodes
 from knopt.opt.extract import extract
 from knopt.opt.rebuild import rebuild_graph
-from knopt.opt.rules import RuleFile, read_rule_file
+from knopt.opt.rules import RuleFile, read_rule_file, rulesets_of, shipped_rule_files
 
 
 @dataclass
@@ -33,6 +33,7 @@ class OptimizeReport:
     """What optimization did. `to_json()` gives the machine-readable form."""
 
     rules_fired: dict[str, int] = field(default_factory=dict)
+    rulesets: dict[str, str] = field(default_factory=dict)  # rule name -> its ruleset
     nodes_before: int = 0
     nodes_after: int = 0
     cost_before: float = 0.0
@@ -51,6 +52,7 @@ class OptimizeReport:
         """The report as JSON-ready data."""
         return {
             "rules_fired": self.rules_fired,
+            "rulesets": self.rulesets,
             "nodes_before": self.nodes_before,
             "nodes_after": self.nodes_after,
             "cost_before": self.cost_before,
@@ -121,6 +123,7 @@ def optimize(
     unfolded = CostModel(data, device, folding=False)
     report = OptimizeReport(
         rules_fired={k: v for k, v in sorted(saturation.rules_fired.items()) if v},
+        rulesets=rulesets_of([*shipped_rule_files(), *extra]),
         nodes_before=len(graph.nodes),
         nodes_after=len(optimized.nodes),
         cost_before=sum(unfolded.node_cost(cls, node) for cls, node in saturation.ir_nodes),
@@ -135,6 +138,7 @@ def optimize(
         user_rules=[r.name for r in extra],
     )
     for cls, node, names in covered_nodes(graph, saturation.ir_nodes, extraction.choice, roots):
-        report.patterns.append(Pattern(node.op, names, model.node_cost(cls, node)))
+        kind = node.args[0] if node.op in ("UnaryOp", "BinaryOp") else node.op
+        report.patterns.append(Pattern(kind, names, model.node_cost(cls, node)))
     report.seconds = time.perf_counter() - start
     return OptimizeResult(optimized, report)

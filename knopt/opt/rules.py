@@ -9,6 +9,7 @@ unless they declare and schedule their own.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -103,6 +104,21 @@ def parse_rules(egraph: eb.EGraph, rule_file: RuleFile) -> list[Any]:
                 f"files hold declarations and rules, and {SCHEDULE_FILE} runs them"
             )
     return commands
+
+
+_RULE_NAME = re.compile(r':ruleset\s+([\w-]+)\s+:name\s+"([^"]+)"|:name\s+"([^"]+)"\s+:ruleset\s+([\w-]+)')
+
+
+def rulesets_of(files: Sequence[RuleFile]) -> dict[str, str]:
+    """Each named rule's ruleset, as written in the files."""
+    found: dict[str, str] = {}
+    for rule_file in files:
+        for match in _RULE_NAME.finditer(rule_file.text):
+            if match[1]:
+                found[match[2]] = match[1]
+            else:
+                found[match[3]] = match[4]
+    return found
 
 
 def load_rules(egraph: eb.EGraph, files: Sequence[RuleFile]) -> None:

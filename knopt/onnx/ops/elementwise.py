@@ -96,8 +96,6 @@ for _name, _bkind in _BINARY.items():
 def _mod(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     a, b = ctx.inputs(node, count=2)
     fmod = ctx.attributes(node).int("fmod", 0)
-    if not fmod and a.dtype.is_float:
-        raise ctx.fail("Mod with fmod=0 needs integer inputs (set fmod=1 for floats)")
     return [ctx.builder.binary(Binary.FMOD if fmod else Binary.MOD, a, b)]
 
 
@@ -358,3 +356,15 @@ def _is_known(ctx: ImportContext, node: onnx.NodeProto, index: int) -> bool:
     return index < len(node.input) and bool(node.input[index]) and isinstance(
         ctx.lookup(node.input[index]), Known
     )
+
+
+@importer("Shrink", since=9)
+def _shrink(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
+    (x,) = ctx.inputs(node, count=1)
+    attrs = ctx.attributes(node)
+    bias, lambd = attrs.float("bias", 0.0), attrs.float("lambd", 0.5)
+    b = ctx.builder
+    below = b.binary(Binary.LESS, x, _const(ctx, x, -lambd))
+    above = b.binary(Binary.GREATER, x, _const(ctx, x, lambd))
+    shrunk = b.where(above, b.sub(x, _const(ctx, x, bias)), _const(ctx, x, 0))
+    return [b.where(below, b.add(x, _const(ctx, x, bias)), shrunk)]

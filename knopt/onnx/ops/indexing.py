@@ -8,7 +8,8 @@ import onnx
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.op import Binary, ScatterReduction
-from knopt.ir.shape import numel
+from knopt.ir import op as ops
+from knopt.ir.shape import Dim, Shape, numel
 from knopt.onnx.context import ImportContext, OnnxValue, importer
 from knopt.onnx.ops.common import axis_of
 
@@ -21,12 +22,20 @@ _REDUCTIONS = {
 }
 
 
-def _wrapped(ctx: ImportContext, indices: Value, size: int) -> Value:
+def _size_value(ctx: ImportContext, dim: Dim) -> Value:
+    """A 0-d int64 value holding `dim`, which may be symbolic."""
+    b = ctx.builder
+    if isinstance(dim, int):
+        return b.constant(np.array(dim, np.int64))
+    return b.view(b.apply(ops.Sizes((dim,))), ())
+
+
+def wrapped_indices(ctx: ImportContext, indices: Value, size: Dim) -> Value:
     """Indices as int64 with negatives wrapped into [0, size)."""
     b = ctx.builder
     idx = b.cast(indices, DType.I64)
     negative = b.binary(Binary.LESS, idx, b.constant(np.array(0, np.int64)))
-    return b.where(negative, b.add(idx, b.constant(np.array(size, np.int64))), idx)
+    return b.where(negative, b.add(idx, _size_value(ctx, size)), idx)
 
 
 def _static_shape(ctx: ImportContext, value: Value, what: str) -> tuple[int, ...]:
@@ -35,19 +44,24 @@ def _static_shape(ctx: ImportContext, value: Value, what: str) -> tuple[int, ...
     return tuple(int(d) for d in value.shape)  # type: ignore[arg-type]
 
 
-def _flat_element_indices(ctx: ImportContext, indices: Value, data_shape: tuple[int, ...],
-                          axis: int) -> Value:
-    """Flat positions in `data` of ScatterElements/GatherElements index tensors."""
+def _flat_element_indices(ctx: ImportContext, indices: Value, data_shape: Shape, axis: int) -> Value:
+    """Flat positions in `data` of ScatterElements/GatherElements index tensors.
+
+    Position `(i0, ..., ik)` of `indices` addresses `data` at the same coordinates except on
+    `axis`, where it takes the index's value. The coordinates come from `Iota`s and the strides
+    from `Sizes`, so symbolic sizes (dynamic batch or sequence) work.
+    """
     b = ctx.builder
-    shape = _static_shape(ctx, indices, "indices")
-    strides = np.cumprod((1, *data_shape[::-1]))[:-1][::-1]
-    offsets = np.zeros(shape, np.int64)
-    for dim, grid in enumerate(np.indices(shape)):
-        if dim != axis:
-            offsets += grid * strides[dim]
-    idx = _wrapped(ctx, indices, data_shape[axis])
-    scaled = b.mul(idx, b.constant(np.array(strides[axis], np.int64)))
-    return b.add(scaled, b.constant(offsets))
+    rank = indices.rank
+    strides: list[Dim] = [numel(data_shape[d + 1 :]) for d in range(rank)]
+    position = b.mul(wrapped_indices(ctx, indices, data_shape[axis]), _size_value(ctx, strides[axis]))
+    for d in range(rank):
+        if d == axis or indices.shape[d] == 1:
+            continue  # a size-1 axis only ever has coordinate 0
+        shape = tuple(indices.shape[d] if i == d else 1 for i in range(rank))
+        grid = b.view(b.iota(indices.shape[d]), shape)
+        position = b.add(position, b.mul(grid, _size_value(ctx, strides[d])))
+    return position
 
 
 @importer("GatherElements")
@@ -59,9 +73,8 @@ def _gather_elements(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue
 
 def gather_elements(ctx: ImportContext, data: Value, indices: Value, axis: int) -> Value:
     """ONNX GatherElements as a gather from the flattened data."""
-    shape = _static_shape(ctx, data, "GatherElements")
-    flat = ctx.builder.view(data, (numel(shape),))
-    positions = _flat_element_indices(ctx, indices, shape, axis)
+    flat = ctx.builder.view(data, (numel(data.shape),))
+    positions = _flat_element_indices(ctx, indices, data.shape, axis)
     return ctx.builder.gather(flat, positions, axis=0)
 
 
@@ -74,7 +87,7 @@ def _scatter_elements(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValu
     reduction = attrs.string("reduction", "none")
     if reduction not in _REDUCTIONS:
         raise ctx.fail(f"scatter reduction '{reduction}' is not supported")
-    idx = _wrapped(ctx, indices, _static_shape(ctx, data, "Scatter")[axis])
+    idx = wrapped_indices(ctx, indices, data.shape[axis])
     return [ctx.builder.scatter(data, idx, updates, axis=axis, reduction=_REDUCTIONS[reduction])]
 
 
@@ -93,7 +106,7 @@ def _nd_positions(ctx: ImportContext, data: Value, indices: Value, batch_dims: i
     position = None
     for i in range(k):
         column = b.view(b.slice(indices, axis=indices.rank - 1, start=i, stop=i + 1), index_shape[:-1])
-        term = b.mul(_wrapped(ctx, column, addressed[i]), b.constant(np.array(strides[i], np.int64)))
+        term = b.mul(wrapped_indices(ctx, column, addressed[i]), b.constant(np.array(strides[i], np.int64)))
         position = term if position is None else b.add(position, term)
     if position is None:
         position = b.constant(np.zeros(index_shape[:-1], np.int64))
@@ -140,3 +153,21 @@ def _scatter_nd(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     flat_updates = b.view(updates, (count, width))
     result = b.scatter(rows, row_indices, flat_updates, axis=0, reduction=_REDUCTIONS[reduction])
     return [b.view(result, data_shape)]
+
+
+@importer("ReverseSequence", since=10)
+def _reverse_sequence(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
+    data, lengths = ctx.inputs(node, count=2)
+    attrs = ctx.attributes(node)
+    batch_axis = axis_of(ctx, attrs.int("batch_axis", 1), data.rank)
+    time_axis = axis_of(ctx, attrs.int("time_axis", 0), data.rank)
+    b = ctx.builder
+    steps = data.shape[time_axis]
+    rank = data.rank
+    time = b.view(b.iota(steps), tuple(steps if i == time_axis else 1 for i in range(rank)))
+    counts = b.cast(lengths, DType.I64)
+    counts = b.view(counts, tuple(counts.shape[0] if i == batch_axis else 1 for i in range(rank)))
+    # Within its length a sequence reads backwards; past it, it stays in place.
+    backwards = b.sub(b.sub(counts, b.constant(np.array(1, np.int64))), time)
+    source = b.where(b.binary(Binary.LESS, time, counts), backwards, time)
+    return [gather_elements(ctx, data, b.broadcast(source, data.shape), time_axis)]

@@ -439,3 +439,21 @@ def _hardmax(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     positions = b.view(positions, tuple(d if i == axis else 1 for i, d in enumerate(prepared.shape)))
     hot = b.binary(Binary.EQUAL, best, positions)
     return [b.view(b.cast(hot, x.dtype), shape)]
+
+
+@importer("LpNormalization")
+def _lp_normalization(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
+    (x,) = ctx.inputs(node, count=1)
+    attrs = ctx.attributes(node)
+    axis = axis_of(ctx, attrs.int("axis", -1), x.rank)
+    p = attrs.int("p", 2)
+    if p not in (1, 2):
+        raise ctx.fail(f"LpNormalization p={p} is not 1 or 2")
+    b = ctx.builder
+    if p == 1:
+        norm = b.reduce(Reduction.SUM, b.unary(Unary.ABS, x), axes=[axis])
+    else:
+        norm = b.unary(Unary.SQRT, b.reduce(Reduction.SUM, b.mul(x, x), axes=[axis]))
+    zero = scalar_like(ctx, x, 0)
+    # A zero norm gives zero, not NaN, as the reference does.
+    return [b.where(b.binary(Binary.EQUAL, norm, zero), zero, b.div(x, norm))]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 
 from knopt.ir.dtype import DType
@@ -134,3 +135,26 @@ def _cumsum(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     exclusive, reverse = bool(attrs.int("exclusive", 0)), bool(attrs.int("reverse", 0))
     return [ctx.builder.cumsum(x, axis=axis, exclusive=exclusive, reverse=reverse)]
 
+
+@importer("CumProd", since=26)
+def _cumprod(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
+    x = ctx.value(node.input[0])
+    attrs = ctx.attributes(node)
+    known = ctx.known_input(node, 1, "axis")
+    assert known is not None
+    axis = axis_of(ctx, int(known.reshape(-1)[0]), x.rank)
+    exclusive, reverse = bool(attrs.int("exclusive", 0)), bool(attrs.int("reverse", 0))
+    size = x.shape[axis]
+    if not isinstance(size, int):
+        raise ctx.fail("CumProd needs a static size along its axis")
+    # Output i multiplies the inputs j that it covers: a [size, size] mask, then a product over j.
+    i, j = np.indices((size, size))
+    covered = (j >= i) if reverse else (j <= i)
+    if exclusive:
+        covered &= j != i
+    b = ctx.builder
+    spread = b.view(x, (*x.shape[: axis], 1, size, *x.shape[axis + 1 :]))
+    mask = b.constant(covered.reshape(size, size, *(1,) * (x.rank - axis - 1)))
+    terms = b.where(mask, spread, scalar_like(ctx, x, 1))
+    product = b.reduce(Reduction.PROD, terms, axes=[axis + 1])
+    return [b.view(product, x.shape)]

@@ -451,11 +451,16 @@ def _depth_to_space(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]
 @importer("SpaceToDepth")
 def _space_to_depth(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     (x,) = ctx.inputs(node, count=1)
-    block = ctx.attributes(node).int("blocksize")
+    attrs = ctx.attributes(node)
+    block = attrs.int("blocksize")
+    mode = attrs.string("mode", "DCR") if ctx.opset >= 28 else "DCR"
+    if mode not in ("DCR", "CRD"):
+        raise ctx.fail(f"SpaceToDepth mode '{mode}' is not DCR or CRD")
     n, c, h, w = x.shape
     builder = ctx.builder
     t = builder.view(x, (n, c, exact_div(h, block), block, exact_div(w, block), block))
-    t = builder.permute(t, (0, 3, 5, 1, 2, 4))
+    # DCR puts the block offsets before the channels, CRD after them.
+    t = builder.permute(t, (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4))
     return [builder.view(t, (n, c * block * block, exact_div(h, block), exact_div(w, block)))]
 
 

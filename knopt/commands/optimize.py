@@ -1,0 +1,78 @@
+"""`knopt optimize`: optimize an ONNX model and save the result as standard ONNX."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import knopt
+from knopt.commands.common import parse_dims
+from knopt.opt.cost import PROFILES
+from knopt.opt.egraph import Limits
+from knopt.opt.explain import format_report
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the `optimize` subcommand."""
+    parser = subparsers.add_parser(
+        "optimize",
+        help="optimize a model by equality saturation and save it as ONNX",
+        description="Optimize MODEL with the rules in rules/ (and --rules files), choose the "
+        "cheapest equivalent program under a device's cost model, and save it as ONNX.",
+    )
+    parser.add_argument("model", type=Path, help="the ONNX model to optimize")
+    parser.add_argument("-o", "--output", type=Path, help="where to write the optimized model")
+    parser.add_argument(
+        "--rules", type=Path, action="append", default=[], metavar="FILE.egg",
+        help="an extra rule file (repeatable); its rules join the `algebra` ruleset",
+    )
+    parser.add_argument("--explain", action="store_true", help="print what the optimizer did")
+    parser.add_argument("--report-json", type=Path, help="write the report as JSON here")
+    parser.add_argument(
+        "--device-profile", choices=sorted(PROFILES), default="cpu",
+        help="the cost model that guides extraction (default: cpu)",
+    )
+    parser.add_argument("--dims", action="append", default=[], metavar="NAME=SIZE",
+                        help="fix a symbolic input size (repeatable)")
+    parser.add_argument("--time-limit", type=float, default=Limits.seconds,
+                        help="seconds of saturation before stopping (default: %(default)s)")
+    parser.add_argument("--node-limit", type=int, default=Limits.nodes,
+                        help="e-nodes before stopping saturation (default: %(default)s)")
+    parser.add_argument("--no-ilp", action="store_true", help="skip the exact ILP extraction")
+    parser.add_argument("--opset", type=int, default=None,
+                        help="ONNX opset of the output (default: the model's, at least 18)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Optimize, report and save."""
+    from knopt.onnx.load import default_opset, load_model
+
+    model = load_model(args.model)
+    graph = knopt.onnx.import_model(model, parse_dims(args.dims))
+    result = knopt.optimize(
+        graph,
+        rules=args.rules,
+        profile=args.device_profile,
+        limits=Limits(seconds=args.time_limit, nodes=args.node_limit),
+        ilp=not args.no_ilp,
+    )
+    report = result.report
+    if args.explain:
+        print(format_report(report))
+    if args.report_json:
+        args.report_json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    if args.output:
+        opset = args.opset or max(18, default_opset(model))
+        knopt.save(result.graph, args.output, opset=opset)
+    summary = (
+        f"{args.model.name}: {report.nodes_before} -> {report.nodes_after} nodes, estimated "
+        f"{report.cost_before * 1e6:.1f} -> {report.cost_after * 1e6:.1f} us "
+        f"({report.profile}) in {report.seconds:.2f} s"
+    )
+    if report.stopped_by:
+        summary += f"; saturation stopped by the {report.stopped_by}"
+    print(summary + (f"; wrote {args.output}" if args.output else ""), file=sys.stderr)
+    return 0

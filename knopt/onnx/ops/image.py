@@ -1,0 +1,112 @@
+"""Importers of ONNX ops that rearrange image patches: Col2Im, CenterCropPad and MaxUnpool.
+
+Where the layout is static (Col2Im), the positions every element moves to are a constant table
+and one scatter-add places them; MaxUnpool scatters to the positions its indices input names.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from knopt.ir.op import PadMode, ScatterReduction
+from knopt.ir.shape import numel
+from knopt.onnx.context import ImportContext, OnnxValue, importer
+from knopt.onnx.ops.common import axes_of
+from knopt.onnx.ops.indexing import wrapped_indices
+from knopt.onnx.ops.tensor import pad_signed
+
+
+def _ints(ctx: ImportContext, node: onnx.NodeProto, index: int, what: str) -> list[int]:
+    known = ctx.known_input(node, index, what)
+    if known is None:
+        raise ctx.fail(f"input {index} ({what}) is required")
+    return [int(v) for v in known.reshape(-1)]
+
+
+def col2im_positions(
+    image: list[int], block: list[int], strides: list[int], pads: list[int], dilations: list[int]
+) -> tuple[np.ndarray, list[int]]:
+    """Flat positions in the padded image of every `[block offset, window]` column entry."""
+    k = len(image)
+    padded = [image[i] + pads[i] + pads[i + k] for i in range(k)]
+    windows = [(padded[i] - (dilations[i] * (block[i] - 1) + 1)) // strides[i] + 1 for i in range(k)]
+    offsets = np.indices(block).reshape(k, -1)  # [k, prod(block)]
+    starts = np.indices(windows).reshape(k, -1)  # [k, prod(windows)]
+    coords = (offsets[:, :, None] * np.array(dilations)[:, None, None]
+              + starts[:, None, :] * np.array(strides)[:, None, None])
+    flat = np.ravel_multi_index(tuple(coords), padded)
+    return flat.reshape(-1), padded
+
+
+@importer("Col2Im", since=18)
+def _col2im(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
+    x = ctx.value(node.input[0])
+    attrs = ctx.attributes(node)
+    image, block = _ints(ctx, node, 1, "image_shape"), _ints(ctx, node, 2, "block_shape")
+    k = len(image)
+    strides = attrs.ints("strides", [1] * k)
+    dilations = attrs.ints("dilations", [1] * k)
+    pads = attrs.ints("pads", [0] * (2 * k))
+    positions, padded = col2im_positions(image, block, strides, pads, dilations)
+    n, columns, length = x.shape
+    per_block = int(np.prod(block))
+    if not isinstance(columns, int) or columns % per_block or positions.size != per_block * length:
+        raise ctx.fail(f"Col2Im input {x.type} does not fit image {image} and block {block}")
+    channels = columns // per_block
+    b = ctx.builder
+    updates = b.view(x, (n, channels, positions.size))
+    indices = b.broadcast(b.constant(positions.reshape(1, 1, -1).astype(np.int64)), updates.shape)
+    canvas = b.scalar(0, x.dtype, (n, channels, int(np.prod(padded))))
+    summed = b.scatter(canvas, indices, updates, axis=2, reduction=ScatterReduction.ADD)
+    y = b.view(summed, (n, channels, *padded))
+    widths = [(0, 0), (0, 0)] + [(-pads[i], -pads[i + k]) for i in range(k)]
+    return [pad_signed(ctx, y, widths, PadMode.CONSTANT, 0.0)]
+
+
+@importer("CenterCropPad", since=18)
+def _center_crop_pad(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
+    x = ctx.value(node.input[0])
+    attrs = ctx.attributes(node)
+    axes = attrs.ints("axes", list(range(x.rank)))
+    axes = [a % x.rank for a in axes]
+    axes_of(ctx, axes, x.rank)  # rejects repeated axes
+    sizes = _ints(ctx, node, 1, "shape")
+    widths = [(0, 0)] * x.rank
+    for axis, size in zip(axes, sizes, strict=True):
+        dim = x.shape[axis]
+        if not isinstance(dim, int):
+            raise ctx.fail("CenterCropPad needs static sizes on its axes")
+        grow = size - dim  # negative crops; the odd element goes to (or comes from) the end
+        before = grow // 2 if grow >= 0 else -((-grow) // 2)
+        widths[axis] = (before, grow - before)
+    return [pad_signed(ctx, x, widths, PadMode.CONSTANT, 0.0)]
+
+
+@importer("MaxUnpool", since=9)
+def _max_unpool(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
+    x, indices = ctx.inputs(node, count=(2, 3))[:2]
+    attrs = ctx.attributes(node)
+    kernel = attrs.ints("kernel_shape")
+    k = len(kernel)
+    strides = attrs.ints("strides", [1] * k)
+    pads = attrs.ints("pads", [0] * (2 * k))
+    dims = [x.shape[2 + i] for i in range(k)]
+    if not all(isinstance(d, int) for d in (*dims, x.shape[0], x.shape[1])):
+        raise ctx.fail("MaxUnpool needs static sizes")
+    inferred = [
+        (int(dims[i]) - 1) * strides[i] - (pads[i] + pads[i + k]) + kernel[i]  # type: ignore[operator]
+        for i in range(k)
+    ]
+    full = (x.shape[0], x.shape[1], *inferred)
+    b = ctx.builder
+    total = int(np.prod(full))  # type: ignore[arg-type]
+    flat_x = b.view(x, (numel(x.shape),))
+    places = wrapped_indices(ctx, b.view(indices, (numel(indices.shape),)), total)
+    canvas = b.scalar(0, x.dtype, (total,))
+    y = b.view(b.scatter(canvas, places, flat_x, axis=0), full)
+    if len(node.input) > 2 and node.input[2]:
+        target = _ints(ctx, node, 2, "output_shape")
+        widths = [(0, t - int(d)) for t, d in zip(target, full, strict=True)]  # type: ignore[call-overload]
+        y = pad_signed(ctx, y, widths, PadMode.CONSTANT, 0.0)
+    return [y]
