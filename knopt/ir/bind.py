@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from knopt.errors import InputError, InvalidGraphError
 from knopt.ir.builder import GraphBuilder
@@ -59,7 +60,7 @@ def bind_symbols(graph: Graph, sizes: Mapping[str, int]) -> Graph:
     builder = GraphBuilder(graph.name)
     mapped: dict[int, Value] = {}
     for node in graph.nodes:
-        op = _bind_op(node.op, sizes)
+        op = bind_attributes(node.op, sizes)
         if isinstance(op, Input):
             value = builder.input(op.input_name, op.tensor_type.shape, op.tensor_type.dtype)
         else:
@@ -70,7 +71,8 @@ def bind_symbols(graph: Graph, sizes: Mapping[str, int]) -> Graph:
     return builder.build()
 
 
-def _bind_op(op: Op, sizes: Mapping[str, int]) -> Op:
+def bind_attributes(op: Any, sizes: Mapping[str, int]) -> Any:
+    """A copy of a frozen dataclass (an op, a kernel) with symbolic sizes in its fields bound."""
     if not dataclasses.is_dataclass(op):
         return op
     changes = {}

@@ -19,6 +19,7 @@ from knopt.ir.graph import Value
 from knopt.ir.op import Binary, Unary
 from knopt.ir.shape import numel
 from knopt.onnx.context import ImportContext, OnnxValue, importer
+from knopt.onnx.ops.indexing import gather_elements
 
 _MODES = {"nearest": "nearest", "linear": "linear", "cubic": "cubic", "bilinear": "linear",
           "bicubic": "cubic"}
@@ -141,15 +142,10 @@ def _axis_taps(
 
 
 def _take(ctx: ImportContext, x: Value, positions: Value) -> Value:
-    """`out[n, c, q] = x[n, c, positions[n, q]]` for `x [N, C, P]` and positions `[N, Q]`."""
+    """`out[..., q] = x[..., positions[..., q]]`, positions broadcast over the leading axes."""
     b = ctx.builder
-    n, c, p = x.shape
-    q = positions.shape[1]
-    rows = b.view(b.iota(n), (n, 1, 1))
-    channels = b.view(b.iota(c), (1, c, 1))
-    base = b.mul(b.add(b.mul(rows, _int(ctx, c)), channels), _int(ctx, p))
-    flat = b.add(base, b.view(positions, (n, 1, q)))
-    return b.gather(b.view(x, (numel(x.shape),)), flat, axis=0)
+    indices = b.broadcast(positions, (*x.shape[:-1], positions.shape[-1]))
+    return gather_elements(ctx, x, indices, x.rank - 1)
 
 
 def _int(ctx: ImportContext, value: object) -> Value:
@@ -193,7 +189,7 @@ def _grid_sample(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
             if tap.valid is not None:
                 valid = tap.valid if valid is None else b.binary(Binary.AND, valid, tap.valid)
         assert position is not None
-        value = _take(ctx, flat, position)
+        value = _take(ctx, flat, b.view(position, (n, 1, count)))
         if valid is not None:
             mask = b.view(valid, (n, 1, count))
             value = b.where(mask, value, b.scalar(0, value.dtype))

@@ -1,0 +1,271 @@
+"""The kernel Program: what extraction chooses, what the CPU executor and the GPU backend run.
+
+A `Program` is a topologically ordered list of `Kernel`s over numbered `Tensor`s, plus the
+constant table. A kernel is one of:
+
+- a single IR op run as its own kernel (`kind` is the op's name, `op` the op);
+- a view (`kind="view"`, op View/Broadcast/Permute/Slice/Flip): no work, the backend aliases
+  the input through strides;
+- `kind="elementwise"`: a fused scalar `body` over loads of its inputs, all of the output's
+  shape (views of other tensors are loaded through their strides);
+- a main op with a fused elementwise `prologue` (computing the main op's input from the
+  kernel's inputs) and/or `epilogue` (computing the result from the main op's value, `Acc`,
+  and further inputs of the output's shape): `kind` is "reduce", "softmax", "layer_norm",
+  "rms_norm", "matmul" or "conv".
+
+Scalar bodies are `Expr` trees: `Load(i)` reads input i at the current output index, `Acc()`
+is the main op's value there, `Const` a splat value; the rest mirror the elementwise IR ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+import numpy as np
+
+from knopt.ir import op as ops
+from knopt.ir.dtype import DType
+from knopt.ir.graph import Graph
+from knopt.ir.op import Binary, TensorType, Unary
+
+# ---- scalar bodies ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Load:
+    """Input `index` of the kernel at the current output index."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Acc:
+    """The kernel's main op result at the current output index (epilogues only)."""
+
+
+@dataclass(frozen=True)
+class Const:
+    """A constant."""
+
+    value: float
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class UnaryE:
+    """An elementwise unary function of a scalar."""
+
+    kind: Unary
+    x: Expr
+
+
+@dataclass(frozen=True)
+class BinaryE:
+    """An elementwise binary function of two scalars."""
+
+    kind: Binary
+    a: Expr
+    b: Expr
+
+
+@dataclass(frozen=True)
+class ClampE:
+    """`min(max(x, lo), hi)`."""
+
+    x: Expr
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True)
+class CastE:
+    """Conversion to `dtype`."""
+
+    x: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class WhereE:
+    """`a` where `condition`, else `b`."""
+
+    condition: Expr
+    a: Expr
+    b: Expr
+
+
+Expr = Union[Load, Acc, Const, UnaryE, BinaryE, ClampE, CastE, WhereE]  # noqa: UP007
+
+
+def expr_size(expr: Expr) -> int:
+    """The number of operations in a body (loads and constants count 0)."""
+    if isinstance(expr, Load | Acc | Const):
+        return 0
+    return 1 + sum(expr_size(child) for child in expr_children(expr))
+
+
+def expr_children(expr: Expr) -> tuple[Expr, ...]:
+    """The sub-expressions of a body node."""
+    if isinstance(expr, UnaryE | ClampE | CastE):
+        return (expr.x,)
+    if isinstance(expr, BinaryE):
+        return (expr.a, expr.b)
+    if isinstance(expr, WhereE):
+        return (expr.condition, expr.a, expr.b)
+    return ()
+
+
+def format_expr(expr: Expr) -> str:
+    """A body as text, like `RELU(ADD(in0, in1))`."""
+    if isinstance(expr, Load):
+        return f"in{expr.index}"
+    if isinstance(expr, Acc):
+        return "acc"
+    if isinstance(expr, Const):
+        return repr(expr.value)
+    if isinstance(expr, UnaryE):
+        return f"{expr.kind.name}({format_expr(expr.x)})"
+    if isinstance(expr, BinaryE):
+        return f"{expr.kind.name}({format_expr(expr.a)}, {format_expr(expr.b)})"
+    if isinstance(expr, ClampE):
+        return f"clamp({format_expr(expr.x)}, {expr.lo}, {expr.hi})"
+    if isinstance(expr, CastE):
+        return f"cast<{expr.dtype.short}>({format_expr(expr.x)})"
+    return (f"where({format_expr(expr.condition)}, {format_expr(expr.a)}, "
+            f"{format_expr(expr.b)})")
+
+
+# ---- kernels and programs -----------------------------------------------------------------
+
+VIEW_OPS = (ops.View, ops.Broadcast, ops.Permute, ops.Slice, ops.Flip)
+FUSED_KINDS = ("elementwise", "reduce", "softmax", "layer_norm", "rms_norm", "matmul", "conv")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A value of the program: its type and where it comes from.
+
+    Attributes:
+        role: "input", "constant", "output" or "intermediate" ("output" wins over the others).
+    """
+
+    id: int
+    type: TensorType
+    role: str
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel launch (or view) of a program.
+
+    Attributes:
+        kind: An op name for single-op kernels, "view", or one of FUSED_KINDS.
+        op: The IR op (the main op of fused kinds; None for "elementwise").
+        inputs: Tensor ids read, in the order `Load` indices and the op's operands use: for
+            fused main ops the op's own operands come first when there is no prologue.
+        output: The tensor id written.
+        body: The elementwise body ("elementwise" kernels).
+        prologue: What the main op reads, computed from the inputs (reduce/softmax/norms).
+        epilogue: What the kernel writes, computed from `Acc` and further inputs.
+        names: The original (ONNX) node names this kernel computes.
+        cost: The cost model's estimate, in seconds.
+    """
+
+    kind: str
+    op: ops.Op | None
+    inputs: tuple[int, ...]
+    output: int
+    body: Expr | None = None
+    prologue: Expr | None = None
+    epilogue: Expr | None = None
+    names: tuple[str, ...] = ()
+    cost: float = 0.0
+
+    @property
+    def is_view(self) -> bool:
+        """True for views, which cost nothing and launch nothing."""
+        return self.kind == "view"
+
+
+@dataclass
+class Program:
+    """Kernels in execution order over tensors, with the constants they read."""
+
+    tensors: list[Tensor]
+    kernels: list[Kernel]
+    inputs: list[int]
+    input_names: list[str]
+    outputs: list[int]
+    output_names: list[str]
+    constants: dict[int, np.ndarray] = field(default_factory=dict)
+    name: str = ""
+
+    def launches(self) -> list[Kernel]:
+        """The kernels that do work (views left out)."""
+        return [k for k in self.kernels if not k.is_view]
+
+    def estimated_seconds(self) -> float:
+        """The cost model's total."""
+        return sum(k.cost for k in self.kernels)
+
+
+def program_from_graph(graph: Graph) -> Program:
+    """The unfused program of a graph: one kernel per op, a view per view op."""
+    tensors: list[Tensor] = []
+    ids: dict[int, int] = {}
+    constants: dict[int, np.ndarray] = {}
+    kernels: list[Kernel] = []
+    outputs = {id(v) for v in graph.outputs}
+    for node in graph.nodes:
+        value = node.output
+        tid = len(tensors)
+        ids[id(value)] = tid
+        op = node.op
+        if isinstance(op, ops.Input):
+            role = "input"
+        elif isinstance(op, ops.Constant):
+            role = "constant"
+            constants[tid] = op.data.array
+        else:
+            role = "intermediate"
+            kind = "view" if isinstance(op, VIEW_OPS) else op.name
+            kernels.append(Kernel(kind, op, tuple(ids[id(v)] for v in node.inputs), tid,
+                                  names=(node.name,) if node.name else ()))
+        tensors.append(Tensor(tid, value.type, "output" if id(value) in outputs else role))
+    return Program(
+        tensors,
+        kernels,
+        [ids[id(v)] for v in graph.inputs],
+        graph.input_names,
+        [ids[id(v)] for v in graph.outputs],
+        graph.output_names,
+        constants,
+        graph.name,
+    )
+
+
+def format_program(program: Program) -> str:
+    """The program as text, one kernel per line."""
+    t = program.tensors
+    lines = [f"program {program.name or 'main'}("
+             + ", ".join(f"{n}: %{i} {t[i].type}" for n, i in
+                         zip(program.input_names, program.inputs, strict=True)) + ") {"]
+    for k in program.kernels:
+        args = ", ".join(f"%{i}" for i in k.inputs)
+        what = k.kind if k.op is None else f"{k.kind}:{k.op.name}"
+        parts = [f"  %{k.output} = {what}({args}) : {t[k.output].type}"]
+        for label, expr in (("body", k.body), ("prologue", k.prologue),
+                            ("epilogue", k.epilogue)):
+            if expr is not None:
+                parts.append(f"{label}={format_expr(expr)}")
+        if k.cost:
+            parts.append(f"[{k.cost * 1e6:.1f} us]")
+        if k.names:
+            parts.append("# " + ", ".join(k.names[:4]) + (" ..." if len(k.names) > 4 else ""))
+        lines.append("  ".join(parts))
+    outs = ", ".join(f"{n} = %{i}" for n, i in zip(program.output_names, program.outputs,
+                                                      strict=True))
+    lines.append(f"  return {outs}")
+    lines.append("}")
+    return "\n".join(lines)
