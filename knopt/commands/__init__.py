@@ -2,8 +2,8 @@
 
 from types import ModuleType
 
-from knopt.commands import demo, optimize
+from knopt.commands import demo, info, optimize, run
 
-COMMANDS: list[ModuleType] = [demo, optimize]
+COMMANDS: list[ModuleType] = [demo, optimize, info, run]
 
 __all__ = ["COMMANDS"]

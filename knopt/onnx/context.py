@@ -220,6 +220,7 @@ class ImportContext:
     Attributes:
         builder: Builds the IR graph.
         opset: The model's version of the default ONNX domain.
+        domain_opsets: The model's versions of every domain it imports, by domain name.
         env: ONNX value names to what is known of them.
     """
 
@@ -230,6 +231,7 @@ class ImportContext:
     _attributes: Attributes | None = None
     _materialized: dict[Known, Value] = field(default_factory=dict)  # by identity
     functions: dict[tuple[str, str], onnx.FunctionProto] = field(default_factory=dict)
+    domain_opsets: dict[str, int] = field(default_factory=dict)  # versions of other domains
 
     def fail(self, message: str) -> UnsupportedModelError:
         """An error about the node being imported, naming it."""

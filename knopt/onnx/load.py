@@ -117,8 +117,10 @@ def _all_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
 def default_opset(model: onnx.ModelProto) -> int:
     """The model's version of the default ONNX domain.
 
+    A model that uses only other domains reads as opset 7, the oldest knopt supports.
+
     Raises:
-        UnsupportedModelError: If it is older than opset 7.
+        UnsupportedModelError: If it is older than opset 7, or missing while nodes use it.
     """
     for entry in model.opset_import:
         if entry.domain in ("", "ai.onnx"):
@@ -128,7 +130,9 @@ def default_opset(model: onnx.ModelProto) -> int:
                     "and newer (convert it with onnx.version_converter)"
                 )
             return int(entry.version)
-    raise UnsupportedModelError("model imports no version of the default ONNX domain")
+    if any(node.domain in ("", "ai.onnx") for node in model.graph.node):
+        raise UnsupportedModelError("model imports no version of the default ONNX domain")
+    return MIN_OPSET  # the model only uses other domains (such as ai.onnx.ml)
 
 
 def import_model(
@@ -152,6 +156,7 @@ def import_model(
     builder = GraphBuilder(graph.name)
     ctx = ImportContext(builder, default_opset(model))
     ctx.functions = {(f.domain, f.name): f for f in model.functions}
+    ctx.domain_opsets = {entry.domain: int(entry.version) for entry in model.opset_import}
     for tensor in graph.initializer:
         ctx.env[tensor.name] = initializer_value(tensor)
     initializer_names = {t.name for t in graph.initializer}
@@ -249,7 +254,8 @@ def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | N
         return inline_function(ctx, node, ctx.functions[(domain, node.op_type)])
     outputs = fold_node(ctx, node, domain)
     if outputs is None:
-        fn = find_importer(domain, node.op_type, ctx.opset)
+        version = ctx.domain_opsets.get(domain, ctx.opset) if domain else ctx.opset
+        fn = find_importer(domain, node.op_type, version)
         if fn is None:
             name = f"{domain}.{node.op_type}" if domain else node.op_type
             raise UnsupportedModelError(f"{ctx.where}: op {name} is not supported")

@@ -249,3 +249,39 @@ def _static(ctx: ImportContext, dim: Dim) -> int:
     if not isinstance(dim, int):
         raise ctx.fail("Attention without a scale needs a static head size")
     return dim
+
+
+@importer("FlexAttention", since=1, domain="ai.onnx.preview")
+def _flex_attention(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
+    q, k, v = ctx.inputs(node, count=3)
+    attrs = ctx.attributes(node)
+    score_mod, prob_mod = attrs.graph("score_mod"), attrs.graph("prob_mod")
+    precision = attrs.int("softmax_precision", 0)
+    if q.rank != 4 or k.rank != 4 or v.rank != 4:
+        raise ctx.fail("FlexAttention needs rank-4 Q, K and V")
+    scale = attrs.float("scale") if attrs.has("scale") else 1 / np.sqrt(_static(ctx, q.shape[3]))
+    softmax_dtype = (DType.from_onnx(precision, ctx.where) if precision
+                     else DType.F64 if q.dtype is DType.F64 else DType.F32)
+    b = ctx.builder
+    k = repeat_heads(ctx, k, q.shape[1])  # type: ignore[arg-type]
+    v = repeat_heads(ctx, v, q.shape[1])  # type: ignore[arg-type]
+    root = scalar_like(ctx, q, float(np.sqrt(np.float32(scale))))
+    scores = b.matmul(b.mul(q, root), b.permute(b.mul(k, root), (0, 1, 3, 2)))
+    scores = b.cast(scores, softmax_dtype)
+    if score_mod is not None:
+        scores = _modified(ctx, score_mod, scores)
+    probabilities = b.softmax(scores, axis=3)
+    if prob_mod is not None:
+        probabilities = _modified(ctx, prob_mod, probabilities)
+    return [b.matmul(b.cast(probabilities, q.dtype), v)]
+
+
+def _modified(ctx: ImportContext, graph: onnx.GraphProto, x: Value) -> Value:
+    """`x` passed through a one-input, one-output modifier subgraph."""
+    from knopt.onnx.ops.control import import_subgraph
+
+    outputs = import_subgraph(ctx, graph, [x])
+    if len(outputs) != 1:
+        raise ctx.fail(f"modifier subgraph '{graph.name}' must have exactly one output")
+    (result,) = outputs
+    return result if isinstance(result, Value) else ctx.materialize(result)

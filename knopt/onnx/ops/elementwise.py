@@ -200,7 +200,8 @@ def _dropout(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | None]
         raise ctx.fail("training-mode Dropout is not supported")
     if training is not None:
         mode = ctx.known_input(node, 2, "training_mode")
-        if mode is not None and bool(mode):
+        ratio = ctx.known_input(node, 1, "ratio") if mode is not None and bool(mode) else None
+        if mode is not None and bool(mode) and (ratio is None or float(ratio) != 0.0):
             raise ctx.fail("training-mode Dropout is random; knopt runs inference only")
     mask = ctx.builder.scalar(True, DType.BOOL, x.shape)
     return [x, mask]

@@ -10,10 +10,12 @@ import numpy as np
 import onnx
 
 from knopt.ir.op import PadMode, ScatterReduction
-from knopt.ir.shape import numel
+from knopt.ir.graph import Value
+from knopt.ir.shape import Shape, numel
 from knopt.onnx.context import ImportContext, OnnxValue, importer
 from knopt.onnx.ops.common import axes_of
-from knopt.onnx.ops.indexing import wrapped_indices
+from knopt.onnx.ops.indexing import gather_elements, wrapped_indices
+from knopt.onnx.ops.nn import PoolWindow
 from knopt.onnx.ops.tensor import pad_signed
 
 
@@ -110,3 +112,51 @@ def _max_unpool(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         widths = [(0, t - int(d)) for t, d in zip(target, full, strict=True)]  # type: ignore[call-overload]
         y = pad_signed(ctx, y, widths, PadMode.CONSTANT, 0.0)
     return [y]
+
+
+def _window_table(
+    sizes: tuple[int, ...], window: PoolWindow, out: tuple[int, ...], column_major: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """For every output position and kernel tap `[O, K]`: the spatial index it reads (row- or
+    column-major) and whether that tap lies inside the input."""
+    k = len(sizes)
+    outs = np.indices(out).reshape(k, -1)  # [k, O]
+    taps = np.indices(window.kernel).reshape(k, -1)  # [k, K]
+    stride = np.array(window.strides)[:, None, None]
+    dilation = np.array(window.dilations)[:, None, None]
+    before = np.array([p[0] for p in window.pads])[:, None, None]
+    coords = outs[:, :, None] * stride + taps[:, None, :] * dilation - before  # [k, O, K]
+    limits = np.array(sizes)[:, None, None]
+    inside = np.all((coords >= 0) & (coords < limits), axis=0)
+    clipped = np.clip(coords, 0, limits - 1)
+    order = tuple(clipped[::-1]) if column_major else tuple(clipped)
+    flat = np.ravel_multi_index(order, sizes[::-1] if column_major else sizes)
+    return flat, inside
+
+
+def max_pool_indices(
+    ctx: ImportContext, x: Value, window: PoolWindow, out: Shape, column_major: bool
+) -> Value:
+    """MaxPool's Indices output: the flat position in `x` of each window's first maximum."""
+    b = ctx.builder
+    n, c, *spatial = x.shape
+    dims = [d for d in (n, c, *spatial, *out) if not isinstance(d, int)]
+    if dims:
+        raise ctx.fail("MaxPool's Indices output needs static sizes")
+    sizes = tuple(int(d) for d in spatial)  # type: ignore[call-overload]
+    outputs = tuple(int(d) for d in out)  # type: ignore[call-overload]
+    row_major, inside = _window_table(sizes, window, outputs, False)
+    stored, _ = _window_table(sizes, window, outputs, column_major)
+    count, taps = row_major.shape
+    total = int(np.prod(sizes))
+    flat = b.view(x, (n, c, total))
+    values = b.gather(flat, b.constant(row_major.astype(np.int64)), axis=2)  # [N, C, O, K]
+    lowest = -np.inf if x.dtype.is_float else float(np.iinfo(x.dtype.numpy).min)
+    values = b.where(b.constant(inside), values, b.scalar(lowest, x.dtype))
+    best = b.arg_reduce(values, axis=3)  # [N, C, O, 1], the first maximum
+    table = b.broadcast(b.constant(stored.astype(np.int64).reshape(1, 1, count, taps)),
+                        (n, c, count, taps))
+    spatial_index = gather_elements(ctx, table, best, 3)
+    planes = b.view(b.iota(int(n) * int(c)), (n, c, 1, 1))  # type: ignore[call-overload]
+    index = b.add(b.mul(planes, b.constant(np.array(total, np.int64))), spatial_index)
+    return b.view(index, (n, c, *outputs))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 
@@ -161,19 +163,17 @@ def _dilate(ctx: ImportContext, x: Value, strides: list[int]) -> Value:
     return flat
 
 
-def _pool(ctx: ImportContext, node: onnx.NodeProto, kind: PoolKind) -> Value:
+def _pool(ctx: ImportContext, node: onnx.NodeProto, kind: PoolKind) -> list[Value]:
+    """The pooled value, and for a MaxPool whose Indices output is used, the indices too."""
     (x,) = ctx.inputs(node, count=1)
-    if len([o for o in node.output if o]) > 1:
-        raise ctx.fail("MaxPool's Indices output is not supported")
     attrs = ctx.attributes(node)
     kernel = attrs.ints("kernel_shape")
     dilations_ok = kind is PoolKind.MAX and ctx.opset >= 10 or ctx.opset >= 19
     strides, pads, dilations = window_attributes(ctx, attrs, x, kernel, dilations_ok)
     ceil_mode = bool(attrs.int("ceil_mode", 0)) if ctx.opset >= 10 else False
     count_include_pad = bool(attrs.int("count_include_pad", 0)) if kind is PoolKind.AVG else False
-    if kind is PoolKind.MAX and attrs.int("storage_order", 0) != 0:
-        raise ctx.fail("MaxPool storage_order=1 only changes Indices, which is not supported")
-    return ctx.builder.pool(
+    column_major = kind is PoolKind.MAX and bool(attrs.int("storage_order", 0))
+    y = ctx.builder.pool(
         kind,
         x,
         kernel=kernel,
@@ -183,16 +183,32 @@ def _pool(ctx: ImportContext, node: onnx.NodeProto, kind: PoolKind) -> Value:
         ceil_mode=ceil_mode,
         count_include_pad=count_include_pad,
     )
+    if kind is PoolKind.AVG or len(node.output) < 2 or not node.output[1]:
+        return [y]
+    from knopt.onnx.ops.image import max_pool_indices
+
+    window = PoolWindow(tuple(kernel), tuple(strides), tuple(pads), tuple(dilations))
+    return [y, max_pool_indices(ctx, x, window, y.shape[2:], column_major)]
+
+
+@dataclass(frozen=True)
+class PoolWindow:
+    """The sliding window of a pooling node."""
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    pads: tuple[tuple[int, int], ...]
+    dilations: tuple[int, ...]
 
 
 @importer("MaxPool")
 def _max_pool(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
-    return [_pool(ctx, node, PoolKind.MAX)]
+    return list(_pool(ctx, node, PoolKind.MAX))
 
 
 @importer("AveragePool")
 def _average_pool(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
-    return [_pool(ctx, node, PoolKind.AVG)]
+    return list(_pool(ctx, node, PoolKind.AVG))
 
 
 @importer("GlobalAveragePool")
@@ -251,18 +267,43 @@ def _batch_norm(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x, scale, bias, running_mean, running_var = ctx.inputs(node, count=5)
     attrs = ctx.attributes(node)
     eps = attrs.float("epsilon", 1e-5)
+    if ctx.opset >= 14 and attrs.int("training_mode", 0):
+        return _batch_norm_training(ctx, (x, scale, bias, running_mean, running_var), eps,
+                                    attrs.float("momentum", 0.9))
     attrs.skip("momentum")
-    if attrs.int("training_mode", 0) or attrs.int("is_test", 1) == 0:
-        raise ctx.fail("training-mode BatchNormalization is not supported (inference only)")
+    if attrs.int("is_test", 1) == 0:
+        raise ctx.fail("training-mode BatchNormalization before opset 14 is not supported")
     if attrs.int("spatial", 1) != 1:
         raise ctx.fail("BatchNormalization spatial=0 is not supported")
     if len([o for o in node.output if o]) > 1:
-        raise ctx.fail("BatchNormalization's training outputs are not supported")
+        raise ctx.fail("BatchNormalization's training outputs need training_mode=1")
     b = ctx.builder
     rank = x.rank
     denominator = b.unary(Unary.SQRT, b.add(running_var, scalar_like(ctx, running_var, eps)))
     y = b.div(b.sub(x, _per_channel(ctx, running_mean, rank)), _per_channel(ctx, denominator, rank))
     return [b.add(b.mul(y, _per_channel(ctx, scale, rank)), _per_channel(ctx, bias, rank))]
+
+
+def _batch_norm_training(
+    ctx: ImportContext, args: tuple[Value, Value, Value, Value, Value], eps: float, momentum: float
+) -> list[OnnxValue]:
+    """Training-mode BatchNormalization: batch statistics, and the updated running ones."""
+    x, scale, bias, running_mean, running_var = args
+    b = ctx.builder
+    axes = [a for a in range(x.rank) if a != 1]
+    batch_mean = mean(ctx, x, axes)
+    centered = b.sub(x, batch_mean)
+    batch_var = mean(ctx, b.mul(centered, centered), axes)
+    rank = x.rank
+    y = b.div(centered, b.unary(Unary.SQRT, b.add(batch_var, scalar_like(ctx, x, eps))))
+    y = b.add(b.mul(y, _per_channel(ctx, scale, rank)), _per_channel(ctx, bias, rank))
+    channels = (x.shape[1],)
+
+    def blend(running: Value, batch: Value) -> Value:
+        kept = b.mul(running, scalar_like(ctx, running, momentum))
+        return b.add(kept, b.mul(b.view(batch, channels), scalar_like(ctx, running, 1 - momentum)))
+
+    return [y, blend(running_mean, batch_mean), blend(running_var, batch_var)]
 
 
 @importer("InstanceNormalization")

@@ -16,7 +16,7 @@ import onnx
 
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
-from knopt.ir.op import Binary, Unary
+from knopt.ir.op import Binary, Reduction, Unary
 from knopt.ir.shape import numel
 from knopt.onnx.context import ImportContext, OnnxValue, importer
 from knopt.onnx.ops.indexing import gather_elements
@@ -233,3 +233,149 @@ def _affine_grid(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     points = b.broadcast(b.view(base, (1, *base.shape)), (n, *base.shape))
     grid = b.matmul(points, b.permute(theta, (0, 2, 1)))
     return [b.view(grid, (n, *sizes, len(sizes)))]
+
+
+# ---- RoiAlign --------------------------------------------------------------------------------
+
+
+def _d(ctx: ImportContext, value: float) -> Value:
+    return ctx.builder.constant(np.array(value, np.float64))
+
+
+def _roi_axis(
+    ctx: ImportContext, start: Value, extent: Value, bins: int, samples: int, size: int
+) -> tuple[Value, Value, Value, Value, Value]:
+    """Sample positions of one axis for every ROI `[R, bins, samples]`: low and high input
+    indices, their weights, and whether the sample lies inside the input (as the reference)."""
+    b = ctx.builder
+    step = b.div(extent, _d(ctx, bins))  # [R, 1, 1]
+    grid = (np.arange(bins)[:, None] + (np.arange(samples)[None, :] + 0.5) / samples)
+    at = b.add(start, b.mul(step, b.constant(grid[None])))
+    inside = b.binary(
+        Binary.AND,
+        b.binary(Binary.GREATER_EQUAL, at, _d(ctx, -1.0)),
+        b.binary(Binary.LESS_EQUAL, at, _d(ctx, float(size))),
+    )
+    at = b.clamp(at, lo=0.0)
+    low = b.unary(Unary.FLOOR, at)
+    last = b.binary(Binary.GREATER_EQUAL, low, _d(ctx, size - 1.0))
+    low = b.where(last, _d(ctx, size - 1.0), low)
+    at = b.where(last, low, at)
+    high = b.where(last, low, b.add(low, _d(ctx, 1.0)))
+    frac = b.sub(at, low)
+    return b.cast(low, DType.I64), b.cast(high, DType.I64), b.sub(_d(ctx, 1.0), frac), frac, inside
+
+
+@importer("RoiAlign", since=10)
+def _roi_align(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
+    x, rois, batch_indices = ctx.inputs(node, count=3)
+    attrs = ctx.attributes(node)
+    mode = attrs.string("mode", "avg")
+    out_h, out_w = attrs.int("output_height", 1), attrs.int("output_width", 1)
+    ratio = attrs.int("sampling_ratio", 0)
+    scale = attrs.float("spatial_scale", 1.0)
+    half_pixel = ctx.opset >= 16 and attrs.string(
+        "coordinate_transformation_mode", "half_pixel") == "half_pixel"
+    if mode not in ("avg", "max") or ratio <= 0:
+        raise ctx.fail("RoiAlign needs mode avg or max and a fixed sampling_ratio (> 0); an "
+                       "adaptive one gives every ROI its own number of samples")
+    b = ctx.builder
+    n, c, h, w = (_int_size(ctx, d) for d in x.shape)
+    r = rois.shape[0]
+    boxes = b.mul(b.cast(rois, DType.F64), _d(ctx, scale))
+    if half_pixel:
+        boxes = b.sub(boxes, _d(ctx, 0.5))
+
+    def column(i: int) -> Value:
+        return b.view(b.slice(boxes, axis=1, start=i, stop=i + 1), (r, 1, 1))
+
+    extent_w, extent_h = b.sub(column(2), column(0)), b.sub(column(3), column(1))
+    if not half_pixel:
+        extent_w, extent_h = b.clamp(extent_w, lo=1.0), b.clamp(extent_h, lo=1.0)
+    ys = _roi_axis(ctx, column(1), extent_h, out_h, ratio, h)
+    xs = _roi_axis(ctx, column(0), extent_w, out_w, ratio, w)
+    shape = (r, out_h, out_w, ratio, ratio)
+
+    def grid(value: Value, is_y: bool) -> Value:  # [R, bins, samples] -> [R, oh, ow, sy, sx]
+        if is_y:
+            return b.view(value, (r, out_h, 1, ratio, 1))
+        return b.view(value, (r, 1, out_w, 1, ratio))
+
+    inside = b.binary(Binary.AND, grid(ys[4], True), grid(xs[4], False))
+    images = b.view(b.gather(x, b.cast(batch_indices, DType.I64), axis=0), (r, c, h * w))
+    count = out_h * out_w * ratio * ratio
+    taps = []
+    for yi, wy in ((0, 2), (1, 3)):
+        for xi, wx in ((0, 2), (1, 3)):
+            place = b.add(b.mul(grid(ys[yi], True), _int(ctx, w)), grid(xs[xi], False))
+            weight = b.mul(grid(ys[wy], True), grid(xs[wx], False))
+            weight = b.where(inside, weight, _d(ctx, 0.0))
+            place = b.where(inside, place, b.constant(np.array(0, np.int64)))
+            value = _take(ctx, b.cast(images, DType.F64), b.view(b.broadcast(place, shape), (r, 1, count)))
+            taps.append(b.mul(value, b.view(b.broadcast(weight, shape), (r, 1, count))))
+    if mode == "avg":
+        total = taps[0]
+        for t in taps[1:]:
+            total = b.add(total, t)
+        pooled = b.reduce(Reduction.SUM, b.view(total, (r, c, out_h, out_w, ratio * ratio)), axes=[4])
+        pooled = b.div(pooled, _d(ctx, float(ratio * ratio)))
+    else:
+        best = taps[0]
+        for t in taps[1:]:
+            best = b.binary(Binary.MAX, best, t)
+        pooled = b.reduce(Reduction.MAX, b.view(best, (r, c, out_h, out_w, ratio * ratio)), axes=[4])
+    return [b.cast(b.view(pooled, (r, c, out_h, out_w)), x.dtype)]
+
+
+# ---- DeformConv ------------------------------------------------------------------------------
+
+
+@importer("DeformConv", since=19)
+def _deform_conv(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
+    x, weight, offset, bias, mask = ctx.inputs(node, count=(3, 5))
+    attrs = ctx.attributes(node)
+    if x.rank != 4:
+        raise ctx.fail("DeformConv is supported for 2-d images")
+    kh, kw = attrs.ints("kernel_shape", [_int_size(ctx, d) for d in weight.shape[2:]])
+    sh, sw = attrs.ints("strides", [1, 1])
+    dh, dw = attrs.ints("dilations", [1, 1])
+    pads = attrs.ints("pads", [0, 0, 0, 0])
+    groups, offset_groups = attrs.int("group", 1), attrs.int("offset_group", 1)
+    b = ctx.builder
+    n, c, h, w = (_int_size(ctx, d) for d in x.shape)
+    m = _int_size(ctx, weight.shape[0])
+    oh, ow = (_int_size(ctx, d) for d in offset.shape[2:])
+    k, q = kh * kw, oh * ow
+    per_group = c // offset_groups
+    moves = b.cast(b.view(offset, (n, offset_groups, k, 2, q)), DType.F32)
+    ky, kx = np.indices((kh, kw)).reshape(2, k, 1)
+    oy, ox = np.divmod(np.arange(q), ow)
+    rows = ky * dh - pads[0] + sh * oy[None, :]  # [k, q] unshifted sample positions
+    cols = kx * dw - pads[1] + sw * ox[None, :]
+    at_y = b.add(b.view(b.slice(moves, axis=3, start=0, stop=1), (n, offset_groups, k, q)),
+                 b.constant(rows.astype(np.float32)))
+    at_x = b.add(b.view(b.slice(moves, axis=3, start=1, stop=2), (n, offset_groups, k, q)),
+                 b.constant(cols.astype(np.float32)))
+    images = b.view(x, (n, offset_groups, per_group, h * w))
+    ys = _axis_taps(ctx, at_y, h, True, "linear", "zeros")
+    xs = _axis_taps(ctx, at_x, w, True, "linear", "zeros")
+    sampled = None
+    for ty in ys:
+        for tx in xs:
+            place = b.add(b.mul(ty.index, _int(ctx, w)), tx.index)
+            valid = b.binary(Binary.AND, ty.valid, tx.valid)  # type: ignore[arg-type]
+            factor = b.where(valid, b.mul(ty.weight, tx.weight), _f(ctx, 0.0))  # type: ignore[arg-type]
+            flat = b.view(place, (n, offset_groups, 1, k * q))
+            value = b.view(_take(ctx, images, flat), (n, offset_groups, per_group, k, q))
+            term = b.mul(value, b.view(b.cast(factor, x.dtype), (n, offset_groups, 1, k, q)))
+            sampled = term if sampled is None else b.add(sampled, term)
+    assert sampled is not None
+    if mask is not None:
+        sampled = b.mul(sampled, b.view(mask, (n, offset_groups, 1, k, q)))
+    columns = b.view(sampled, (n, groups, (c // groups) * k, q))
+    kernels = b.broadcast(b.view(weight, (1, groups, m // groups, (c // groups) * k)),
+                          (n, groups, m // groups, (c // groups) * k))
+    y = b.view(b.matmul(kernels, columns), (n, m, oh, ow))
+    if bias is not None:
+        y = b.add(y, b.view(bias, (m, 1, 1)))
+    return [y]

@@ -43,7 +43,9 @@ def _constant_of_shape(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxVal
     value = ctx.attributes(node).tensor("value")
     fill = np.zeros((), np.float32) if value is None else value.reshape(())
     dtype = DType.from_numpy(fill.dtype)
-    return [ctx.builder.scalar(fill.item(), dtype, shape)]
+    # One element broadcast, not a full array: models create large splat weights this way.
+    one = ctx.builder.constant(np.full((1,) * len(shape), fill.item(), dtype.numpy))
+    return [ctx.builder.broadcast(one, shape)]
 
 
 def _shape_input(ctx: ImportContext, node: onnx.NodeProto, index: int, what: str) -> tuple[Dim, ...]:

@@ -1,0 +1,101 @@
+"""`knopt info`: what a model takes and gives, which ops it uses, and what knopt lacks for it."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import onnx
+
+from knopt.commands.common import parse_dims
+from knopt.errors import KnoptError
+from knopt.onnx.load import default_opset, import_model, load_model
+from knopt.onnx.support import find_unsupported
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the `info` subcommand."""
+    parser = subparsers.add_parser(
+        "info",
+        help="describe a model: inputs, outputs, op counts and unsupported ops",
+        description="Describe an ONNX model. Exits with status 1 if knopt cannot import it.",
+    )
+    parser.add_argument("model", help="the .onnx file")
+    parser.add_argument(
+        "--dims",
+        action="append",
+        default=[],
+        metavar="NAME=SIZE",
+        help="fix a symbolic input size when loading, such as batch=2 (repeatable)",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the description; 1 if some op is unsupported or the import fails, else 0."""
+    model = load_model(args.model)
+    opset = default_opset(model)
+    print(f"model: {args.model} (opset {opset}, producer {_producer(model)})")
+    print("inputs:")
+    initializers = {t.name for t in model.graph.initializer}
+    for info in model.graph.input:
+        if info.name not in initializers:
+            print(f"  {info.name}: {_type_text(info)}")
+    print("outputs:")
+    for info in model.graph.output:
+        print(f"  {info.name}: {_type_text(info)}")
+    print(f"ONNX ops ({len(model.graph.node)} nodes):")
+    _print_histogram(Counter(_op_name(node) for node in model.graph.node))
+    unsupported = find_unsupported(model, opset)
+    if unsupported:
+        print(f"unsupported ops ({len(unsupported)} nodes):")
+        by_op: dict[str, list[str]] = {}
+        for entry in unsupported:
+            by_op.setdefault(entry.op_type, []).append(entry.node)
+        for op_type, nodes in sorted(by_op.items()):
+            print(f"  {op_type}: {', '.join(repr(n) for n in nodes)}")
+        return 1
+    try:
+        graph = import_model(model, parse_dims(args.dims))
+    except KnoptError as err:
+        print(f"cannot import: {err}")
+        return 1
+    print(f"IR ops ({len(graph.nodes)} nodes):")
+    _print_histogram(graph.op_histogram())
+    return 0
+
+
+def _producer(model: onnx.ModelProto) -> str:
+    text = f"{model.producer_name} {model.producer_version}".strip()
+    return text or "unknown"
+
+
+def _op_name(node: onnx.NodeProto) -> str:
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    return f"{domain}.{node.op_type}" if domain else node.op_type
+
+
+def _type_text(info: onnx.ValueInfoProto) -> str:
+    if not info.type.HasField("tensor_type"):
+        return "not a tensor"
+    tensor = info.type.tensor_type
+    dtype = _dtype_name(tensor.elem_type)
+    if not tensor.HasField("shape"):
+        return f"{dtype} (shape unknown)"
+    dims = [
+        str(d.dim_value) if d.HasField("dim_value") else d.dim_param or "?"
+        for d in tensor.shape.dim
+    ]
+    return f"{dtype} [{', '.join(dims)}]"
+
+
+def _dtype_name(code: int) -> str:
+    try:
+        return str(onnx.TensorProto.DataType.Name(code)).lower()
+    except ValueError:
+        return f"type {code}"
+
+
+def _print_histogram(counts: dict[str, int]) -> None:
+    for name, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        print(f"  {count:6d}  {name}")
