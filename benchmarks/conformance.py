@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import tempfile
+import textwrap
 import time
 import unittest
 import warnings
@@ -104,12 +105,18 @@ def report(outcomes: dict[str, Outcome]) -> dict[str, float]:
         "kept": len(kept),
         "kept_rate": len(kept_passed) / len(kept),
         "xfail": sum(1 for n in kept if n in XFAIL),
+        "real_total": sum(1 for o in outcomes.values() if o.kind == "Real"),
+        "real_passed": sum(1 for o in outcomes.values() if o.kind == "Real" and o.passed),
     }
-    print(f"node cases: {numbers['node_passed']} of {numbers['node_total']} pass "
-          f"({100 * numbers['node_rate']:.1f}% of all)")
-    print(f"excluding {numbers['excluded']} (see tests/onnx/test_backend.py): "
-          f"{len(kept_passed)} of {len(kept)} pass ({100 * numbers['kept_rate']:.1f}%), "
-          f"{numbers['xfail']} expected failures")
+    print(
+        f"node cases: {numbers['node_passed']} of {numbers['node_total']} pass "
+        f"({100 * numbers['node_rate']:.1f}% of all)"
+    )
+    print(
+        f"excluding {numbers['excluded']} (see tests/onnx/test_backend.py): "
+        f"{len(kept_passed)} of {len(kept)} pass ({100 * numbers['kept_rate']:.1f}%), "
+        f"{numbers['xfail']} expected failures"
+    )
     print("\nexclusions by reason:")
     for reason, count in collections.Counter(excluded[n] for n in node if n in excluded).items():
         print(f"  {count:4d}  {reason}")
@@ -119,8 +126,10 @@ def report(outcomes: dict[str, Outcome]) -> dict[str, float]:
             print(f"  {'pass' if o.passed else 'FAIL'}  {name:28s} {o.seconds:6.2f} s  {o.error}")
     others = {n: o for n, o in outcomes.items() if o.kind not in ("Node", "Real")}
     other_kept = [n for n in others if n not in excluded]
-    print(f"\nother model cases (simple, pytorch): {sum(others[n].passed for n in other_kept)} "
-          f"of {len(other_kept)} not excluded pass")
+    print(
+        f"\nother model cases (simple, pytorch): {sum(others[n].passed for n in other_kept)} "
+        f"of {len(other_kept)} not excluded pass"
+    )
     ops = node_ops()
     failures: dict[str, list[str]] = collections.defaultdict(list)
     for name in kept:
@@ -140,23 +149,23 @@ def report(outcomes: dict[str, Outcome]) -> dict[str, float]:
 def readme_section(numbers: dict[str, float]) -> str:
     """The README's "Supported ONNX" text between the markers."""
     ops = knopt.onnx.supported_op_types()
-    return "\n".join(
-        [
-            START,
-            f"Measured on {DATE} with onnx {onnx.__version__}'s backend test suite "
-            "(`python benchmarks/conformance.py`): knopt passes "
-            f"{int(numbers['node_passed'])} of {int(numbers['node_total'])} node cases "
-            f"({100 * numbers['node_rate']:.1f}%), and {100 * numbers['kept_rate']:.1f}% of the "
-            f"{int(numbers['kept'])} left after excluding what an inference compiler with numeric "
-            "tensors cannot run (strings, sequences, random and training ops, data-dependent "
-            "output shapes, opsets before 7; the list is in `tests/onnx/test_backend.py`). "
-            "Every real-model case passes. Models read opset 7 and newer, in float32, float16, "
-            "bfloat16, float64, float8, float4, integer (2 to 64 bits) and bool types.",
-            "",
-            f"Supported ONNX op types ({len(ops)}): " + ", ".join(f"`{op}`" for op in ops) + ".",
-            END,
-        ]
+    summary = (
+        f"Measured on {DATE} with onnx {onnx.__version__}'s backend test suite "
+        "(`python benchmarks/conformance.py`): knopt passes "
+        f"{int(numbers['node_passed'])} of {int(numbers['node_total'])} node cases "
+        f"({100 * numbers['node_rate']:.1f}%), and {100 * numbers['kept_rate']:.1f}% of the "
+        f"{int(numbers['kept'])} left after excluding what an inference compiler with numeric "
+        "tensors cannot run (strings, sequences, random and training ops, data-dependent "
+        "output shapes, opsets before 7; the list is in `tests/onnx/test_backend.py`). "
+        f"{int(numbers['real_passed'])} of {int(numbers['real_total'])} real-model cases "
+        "pass. Models read opset 7 and newer, in float32, float16, "
+        "bfloat16, float64, float8, float4, integer (2 to 64 bits) and bool types; "
+        "inputs that fix shapes (a Reshape target, reduction axes, Resize sizes, an If "
+        "condition) are fixed when the model runs, one import per value."
     )
+    listing = f"Supported ONNX op types ({len(ops)}): " + ", ".join(f"`{op}`" for op in ops) + "."
+    wrap = textwrap.TextWrapper(width=100, break_long_words=False, break_on_hyphens=False)
+    return "\n".join([START, wrap.fill(summary), "", wrap.fill(listing), END])
 
 
 def update_readme(section: str) -> None:

@@ -86,15 +86,18 @@ def optimize(graph: Graph, **options: Any) -> OptimizeResult:
 
 
 def compile(  # noqa: A001  (the public name mirrors torch.compile)
-    model: Graph | str | os.PathLike[str] | bytes, device: str = "cpu"
+    model: Graph | str | os.PathLike[str] | bytes, device: str = "cpu", *, precision: str = "f32"
 ) -> Session:
-    """Prepare a model to run on `device` ("cpu").
+    """Prepare a model to run on `device`: "cpu", "cuda", or "best" (cuda if a GPU is usable).
+
+    Args:
+        precision: On cuda, "f32" (strict, no TF32), "tf32", "fp16" or "bf16".
 
     Raises:
         KnoptError: If loading fails or the device is not available.
     """
     graph = model if isinstance(model, Graph) else load(model)
-    return Session(graph, device)
+    return Session(graph, device, precision=precision)
 
 
 __all__ = [

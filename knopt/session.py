@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -11,20 +12,52 @@ from knopt.errors import InputError, KnoptError
 from knopt.ir.bind import bind_symbols, infer_sizes
 from knopt.ir.graph import Graph
 
+DEVICES = ("cpu", "cuda", "best")
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    # GPU arrays (torch, cupy) have a shape but should not pass through numpy.
+    shape = getattr(value, "shape", None)
+    return tuple(int(d) for d in shape) if shape is not None else np.shape(value)
+
 
 class Session:
     """A graph prepared for one device. Create it with `knopt.compile`.
 
     Graphs with symbolic sizes are bound to the actual input shapes at each run; the bound graph
-    is kept per distinct set of sizes.
+    is kept per distinct set of sizes (and on "cuda", its compiled GPU program).
+
+    Args:
+        device: "cpu", "cuda", or "best" (cuda when a GPU is usable, else cpu).
+        precision: On cuda: "f32" (strict), "tf32", "fp16" or "bf16".
+
+    Raises:
+        KnoptError: If the device or precision is unknown, or "cuda" has no usable GPU.
     """
 
-    def __init__(self, graph: Graph, device: str = "cpu") -> None:
+    def __init__(self, graph: Graph, device: str = "cpu", *, precision: str = "f32") -> None:
+        if device not in DEVICES:
+            raise KnoptError(f"device '{device}' is unknown (use {', '.join(DEVICES)})")
         if device != "cpu":
-            raise KnoptError(f"device '{device}' is not available (use 'cpu')")
+            import knopt.cuda
+
+            if knopt.cuda.is_available():
+                device = "cuda"
+            elif device == "cuda":
+                raise KnoptError("device 'cuda' is not available: no usable NVIDIA GPU or the "
+                                 "CUDA packages are missing (pip install knopt[cuda])")
+            else:
+                device = "cpu"
         self.graph = graph
         self.device = device
+        self.precision = precision
         self._bound: dict[tuple[tuple[str, int], ...], Graph] = {}
+        self._cuda: Any = None
+        if device == "cuda":
+            from knopt.cuda.runner import CudaRunner
+
+            self._cuda = CudaRunner(precision)
+        self._symbolic = bool(graph.symbols())
 
     @property
     def input_names(self) -> list[str]:
@@ -37,13 +70,20 @@ class Session:
         return self.graph.output_names
 
     def run(
-        self, output_names: Sequence[str] | None, feeds: Mapping[str, np.ndarray]
-    ) -> list[np.ndarray]:
+        self,
+        output_names: Sequence[str] | None,
+        feeds: Mapping[str, Any],
+        *,
+        device_outputs: bool = False,
+    ) -> list[Any]:
         """Run the model.
 
         Args:
             output_names: The outputs to return, or None for all of them in order.
-            feeds: One array per model input, by name.
+            feeds: One array per model input, by name: numpy arrays, or on "cuda" also GPU
+                arrays (torch, cupy: anything with `__dlpack__`), which are read in place.
+            device_outputs: On "cuda", return the results as `knopt.cuda.executor.DeviceArray`s
+                left on the GPU (valid until the next run) instead of numpy arrays.
 
         Returns:
             The requested outputs, in the requested order.
@@ -55,20 +95,27 @@ class Session:
         unknown = sorted(set(feeds) - set(self.input_names))
         if unknown:
             raise InputError(f"unknown input(s) {unknown}; the model takes {self.input_names}")
-        arrays = {name: np.asarray(value) for name, value in feeds.items()}
-        graph = self._graph_for(arrays)
-        results = dict(zip(graph.output_names, run_graph(graph, arrays), strict=True))
-        if output_names is None:
-            return [results[name] for name in self.output_names]
-        missing = [name for name in output_names if name not in results]
+        missing = [name for name in self.input_names if name not in feeds]
         if missing:
-            raise InputError(f"unknown output(s) {missing}; the model has {self.output_names}")
-        return [results[name] for name in output_names]
+            raise InputError(f"missing input(s) {missing}; the model takes {self.input_names}")
+        wanted = self.output_names if output_names is None else list(output_names)
+        not_outputs = [name for name in wanted if name not in self.output_names]
+        if not_outputs:
+            raise InputError(f"unknown output(s) {not_outputs}; the model has {self.output_names}")
+        if self._cuda is not None:
+            graph = self._graph_for({name: _shape(value) for name, value in feeds.items()})
+            outputs = self._cuda.run(graph, feeds, device_outputs)
+            results = dict(zip(graph.output_names, outputs, strict=True))
+        else:
+            arrays = {name: np.asarray(value) for name, value in feeds.items()}
+            graph = self._graph_for({name: a.shape for name, a in arrays.items()})
+            results = dict(zip(graph.output_names, run_graph(graph, arrays), strict=True))
+        return [results[name] for name in wanted]
 
-    def _graph_for(self, feeds: Mapping[str, np.ndarray]) -> Graph:
-        if not self.graph.symbols():
+    def _graph_for(self, shapes: Mapping[str, Sequence[int]]) -> Graph:
+        if not self._symbolic:
             return self.graph
-        sizes = infer_sizes(self.graph, {name: a.shape for name, a in feeds.items()})
+        sizes = infer_sizes(self.graph, {name: tuple(shape) for name, shape in shapes.items()})
         key = tuple(sorted(sizes.items()))
         if key not in self._bound:
             self._bound[key] = bind_symbols(self.graph, sizes)

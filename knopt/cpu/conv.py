@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -30,28 +32,34 @@ def windows(
 
 
 def conv(op: Conv, x: Array, w: Array) -> Array:
-    """N-d cross-correlation; im2col through a windows view, then one contraction per group."""
+    """N-d cross-correlation as im2col and one batched matrix product per group.
+
+    The windows of the padded input are copied once into columns `[N, G, C/G * K, P]` (K
+    kernel elements, P output positions), so that each group is one GEMM with the weights
+    `[G, M/G, C/G * K]` and the result comes out in `[N, M, *spatial]` order, with no transpose.
+    """
     spatial = x.ndim - 2
-    xp = np.pad(x, ((0, 0), (0, 0), *op.pads))
+    xp = _padded(x, ((0, 0), (0, 0), *op.pads), 0)
     kernel = tuple(w.shape[2:])
     out_spatial = tuple(
         (xp.shape[2 + i] - (op.dilations[i] * (kernel[i] - 1) + 1)) // op.strides[i] + 1
         for i in range(spatial)
     )
-    if any(o <= 0 for o in out_spatial):
-        return np.zeros((x.shape[0], w.shape[0], *(max(o, 0) for o in out_spatial)), x.dtype)
-    cols = windows(xp, kernel, op.strides, op.dilations, out_spatial)
-    g = op.groups
     n, c = x.shape[:2]
-    m = w.shape[0]
-    cols = cols.reshape(n, g, c // g, *out_spatial, *kernel)
-    wg = w.reshape(g, m // g, c // g, *kernel)
-    # Letters: n batch, g group, c in-channel, m out-channel; spatial and kernel axes follow.
-    sp = "pqrstu"[:spatial]
-    ks = "vwxyz"[:spatial] if spatial <= 5 else None
-    assert ks is not None, "conv of more than 5 spatial dims"
-    out = np.einsum(f"ngc{sp}{ks},gmc{ks}->ngm{sp}", cols, wg, optimize=True)
-    return np.ascontiguousarray(out.reshape(n, m, *out_spatial)).astype(x.dtype, copy=False)
+    m, g = w.shape[0], op.groups
+    if any(o <= 0 for o in out_spatial):
+        return np.zeros((n, m, *(max(o, 0) for o in out_spatial)), x.dtype)
+    k, positions = math.prod(kernel), math.prod(out_spatial)
+    view = windows(xp, kernel, op.strides, op.dilations, out_spatial)
+    # Kernel axes before position axes: the copy that reshape makes is then im2col's layout.
+    cols = view.transpose(0, 1, *range(2 + spatial, 2 + 2 * spatial), *range(2, 2 + spatial))
+    if g == c == m and w.shape[1] == 1:
+        # Depthwise: one K-long dot product per channel and position, not N*C tiny GEMMs.
+        out = np.einsum("nckp,ck->ncp", cols.reshape(n, c, k, positions), w.reshape(c, k))
+    else:
+        wg = w.reshape(g, m // g, c // g * k)
+        out = np.matmul(wg, cols.reshape(n, g, c // g * k, positions))
+    return out.reshape(n, m, *out_spatial)
 
 
 def pool(op: Pool, x: Array) -> Array:
@@ -70,22 +78,58 @@ def pool(op: Pool, x: Array) -> Array:
         out_spatial.append(out)
         extra.append(max(0, (out - 1) * op.strides[i] + span - size))
     widths = ((0, 0), (0, 0), *((b, a + e) for (b, a), e in zip(op.pads, extra, strict=True)))
-    kernel, strides, dilations = op.kernel, op.strides, op.dilations
+    window = (op.kernel, op.strides, op.dilations, tuple(out_spatial))
     if op.kind is PoolKind.MAX:
         low = -np.inf if np.issubdtype(x.dtype, np.floating) else np.iinfo(x.dtype).min
-        xp = np.pad(x, widths, constant_values=low)
-        win = windows(xp, kernel, strides, dilations, tuple(out_spatial))
-        return win.max(axis=tuple(range(-spatial, 0)))
-    xp = np.pad(x.astype(np.float64), widths)
-    win = windows(xp, kernel, strides, dilations, tuple(out_spatial))
-    total = win.sum(axis=tuple(range(-spatial, 0)))
-    # Count what each window covers: real elements, plus explicit padding if it counts.
+        return _over_windows(np.maximum, _padded(x, widths, low), *window)
+    # Sum in at least f32, then divide by what each window covers: real elements, plus the
+    # explicit padding if it counts (the ceil-mode extra never does).
+    total = _over_windows(
+        np.add, _padded(x.astype(np.result_type(x, np.float32)), widths, 0), *window
+    )
     ones = np.ones((1, 1, *x.shape[2:]))
     if op.count_include_pad:
-        ones = np.pad(ones, ((0, 0), (0, 0), *op.pads), constant_values=1.0)
+        ones = _padded(ones, ((0, 0), (0, 0), *op.pads), 1)
         count_widths = ((0, 0), (0, 0), *((0, e) for e in extra))
     else:
         count_widths = widths
-    counts = windows(np.pad(ones, count_widths), kernel, strides, dilations, tuple(out_spatial))
-    count = counts.sum(axis=tuple(range(-spatial, 0)))
+    count = _over_windows(np.add, _padded(ones, count_widths, 0), *window)
     return (total / np.maximum(count, 1)).astype(x.dtype)
+
+
+def _padded(x: Array, widths: tuple[tuple[int, int], ...], value: float) -> Array:
+    """`x` with `widths` elements of `value` around each axis (np.pad, without its overhead)."""
+    if not any(b or a for b, a in widths):
+        return x
+    shape = tuple(d + b + a for d, (b, a) in zip(x.shape, widths, strict=True))
+    out = np.full(shape, value, x.dtype)
+    out[tuple(slice(b, b + d) for d, (b, _) in zip(x.shape, widths, strict=True))] = x
+    return out
+
+
+def _over_windows(
+    combine: np.ufunc,
+    xp: Array,
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    dilations: tuple[int, ...],
+    out_spatial: tuple[int, ...],
+) -> Array:
+    """Each window of the trailing axes of `xp` combined elementwise by `combine`.
+
+    One pass per kernel offset over a strided slice: much faster in numpy than reducing the
+    windows view, whose innermost axes are the short kernel axes.
+    """
+    result: Array | None = None
+    for offset in np.ndindex(*kernel):
+        index = tuple(
+            slice(o * d, o * d + (n - 1) * s + 1, s)
+            for o, d, n, s in zip(offset, dilations, out_spatial, strides, strict=True)
+        )
+        part = xp[(slice(None),) * (xp.ndim - len(kernel)) + index]
+        if result is None:
+            result = part.copy()
+        else:
+            combine(result, part, out=result)
+    assert result is not None
+    return result

@@ -15,8 +15,22 @@ _SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
 
 
 def _sigmoid(x: Array) -> Array:
-    # special.expit is stable for large |x| and keeps the dtype.
-    return special.expit(x)
+    # 1 / (1 + e^-x) = (1 + tanh(x / 2)) / 2 cannot overflow, and numpy's tanh is about 5x
+    # faster than special.expit. Below -8 the sum cancels (the result is under 3.4e-4), so
+    # those elements take e^x / (1 + e^x), which keeps their relative precision.
+    if x.dtype.itemsize < 4:  # f16 has too few bits for the cancellation: compute in f32
+        return _sigmoid(x.astype(np.float32)).astype(x.dtype)
+    half = x.dtype.type(0.5)
+    result = half * np.tanh(half * x) + half
+    tail = x < -8
+    if tail.any():
+        e = np.exp(x[tail])
+        result[tail] = e / (1 + e)
+    return result
+
+
+def _erf(x: Array) -> Array:
+    return special.erf(x).astype(x.dtype, copy=False)  # f16 comes back as f64
 
 
 def _softplus(x: Array) -> Array:
@@ -61,7 +75,7 @@ NUMPY_UNARY: dict[Unary, Callable[[Array], Array]] = {
     Unary.ACOSH: np.arccosh,
     Unary.ATANH: np.arctanh,
     Unary.TANH: np.tanh,
-    Unary.ERF: special.erf,
+    Unary.ERF: _erf,
     Unary.FLOOR: np.floor,
     Unary.CEIL: np.ceil,
     Unary.ROUND: _round,
@@ -92,6 +106,13 @@ def _int_div(a: Array, b: Array) -> Array:
 def _pow(a: Array, b: Array) -> Array:
     if np.issubdtype(a.dtype, np.integer) and np.issubdtype(b.dtype, np.integer):
         return np.power(a, b.astype(a.dtype))
+    if b.size == 1:
+        exponent = b.reshape(())[()]
+        if exponent == 3:  # GELU's cube: within an ulp of powf, 30x faster (onnxruntime too)
+            return a * a * a
+        # A scalar exponent lets numpy take its exact fast paths (2: square, 0.5: sqrt, ...);
+        # libm's powf is 100x slower for them.
+        return np.power(a, exponent).astype(a.dtype, copy=False)
     return np.power(a, b).astype(a.dtype)
 
 

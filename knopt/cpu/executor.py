@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+import weakref
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from knopt.cpu.kernels import KERNELS
+from knopt.cpu.kernels import KERNELS, Kernel
 from knopt.errors import InputError
 from knopt.ir import op as ops
 from knopt.ir.dtype import COMPUTE_TYPE
-from knopt.ir.graph import Graph, Node
+from knopt.ir.graph import Graph, Node, Value
 from knopt.ir.shape import format_shape, is_static
 
 # numpy dtypes (bfloat16, float8, int4...) computed in a wider type by the ops below.
@@ -33,12 +37,17 @@ _COMPUTE_OPS = (
 )
 
 
-def run_graph(graph: Graph, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+def run_graph(
+    graph: Graph,
+    feeds: Mapping[str, np.ndarray],
+    timings: MutableMapping[str, float] | None = None,
+) -> list[np.ndarray]:
     """Evaluate a graph whose shapes are all static.
 
     Args:
         graph: The graph; bind symbolic sizes first (`knopt.ir.bind_symbols`).
         feeds: One array per graph input, by name, of exactly the declared shape and dtype.
+        timings: If given, the seconds spent in each op (by `Op.name`) are added to it.
 
     Returns:
         The outputs in the graph's order.
@@ -46,38 +55,130 @@ def run_graph(graph: Graph, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]
     Raises:
         InputError: If a feed is missing or has the wrong shape or dtype.
     """
-    last_use: dict[int, int] = {}
-    for index, node in enumerate(graph.nodes):
-        for value in node.inputs:
-            last_use[id(value)] = index
-    keep = {id(v) for v in graph.outputs}
-    env: dict[int, np.ndarray] = {}
-    for index, node in enumerate(graph.nodes):
-        if isinstance(node.op, ops.Input):
-            result = _feed(node.op, feeds)
-        else:
-            result = run_node(node, [env[id(v)] for v in node.inputs])
-        env[id(node.output)] = result
-        for key in {id(v) for v in node.inputs}:
-            if last_use[key] == index and key not in keep:
-                del env[key]
-    return [np.asarray(env[id(v)]) for v in graph.outputs]
+    steps = _STEPS.get(graph)
+    if steps is None:
+        steps = _STEPS[graph] = _Steps(graph)
+    env: list[np.ndarray | None] = [None] * len(graph.nodes)
+    for slot, op in steps.inputs:
+        env[slot] = _feed(op, feeds)
+    for slot, array in steps.leaves:
+        env[slot] = array
+    with np.errstate(all="ignore"):  # IEEE results (inf, nan) are the answer, not an error
+        for step in steps.steps:
+            args = [env[i] for i in step.args]
+            if timings is None:
+                env[step.out] = _evaluate(step, args)  # type: ignore[arg-type]
+            else:
+                start = time.perf_counter()
+                env[step.out] = _evaluate(step, args)  # type: ignore[arg-type]
+                name = step.node.op.name
+                timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+            for slot in step.free:
+                env[slot] = None
+    return [np.asarray(env[slot]) for slot in steps.outputs]
 
 
 def run_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
     """Evaluate one node on its input arrays."""
-    op = node.op
-    narrow = isinstance(op, _COMPUTE_OPS) and any(a.dtype in _WIDER for a in args)
-    if narrow:
+    narrow = isinstance(node.op, _COMPUTE_OPS) and any(a.dtype in _WIDER for a in args)
+    with np.errstate(all="ignore"):
+        return _evaluate(_Step.of(node, (), narrow), args)
+
+
+def _evaluate(step: _Step, args: list[np.ndarray]) -> np.ndarray:
+    if step.narrow:
         args = [a.astype(_WIDER[a.dtype]) if a.dtype in _WIDER else a for a in args]
-    result = np.asarray(KERNELS[type(op)](op, *args))
-    expected = node.output.type
-    if narrow or result.dtype != expected.dtype.numpy:
-        result = result.astype(expected.dtype.numpy)
-    assert result.shape == expected.shape, (
-        f"{node.describe()}: CPU kernel gave shape {result.shape}, IR says {expected}"
-    )
+    result = np.asarray(step.kernel(step.node.op, *args))
+    if step.narrow or result.dtype != step.dtype:
+        result = result.astype(step.dtype)
+    if result.shape != step.shape:
+        # An elementwise step that read broadcasts away (see _Steps) can come out smaller.
+        assert isinstance(step.node.op, _IMPLICIT_BROADCAST), (
+            f"{step.node.describe()}: CPU kernel gave shape {result.shape}, "
+            f"IR says {step.node.output.type}"
+        )
+        result = np.broadcast_to(result, step.shape)
     return result
+
+
+# Elementwise ops whose kernels broadcast like numpy: they may read a Broadcast's input instead
+# of its output, since numpy broadcasts operands of equal rank exactly as Broadcast does.
+_IMPLICIT_BROADCAST = (ops.BinaryOp, ops.Where)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One node to run: its kernel, the slots it reads and writes, and the slots dead after it."""
+
+    node: Node
+    kernel: Kernel
+    args: tuple[int, ...]
+    out: int
+    free: tuple[int, ...]
+    narrow: bool  # computed in a wider type and rounded back
+    dtype: np.dtype
+    shape: tuple[Any, ...]
+
+    @staticmethod
+    def of(
+        node: Node, args: tuple[int, ...], narrow: bool, out: int = -1, free: tuple[int, ...] = ()
+    ) -> _Step:
+        """The step running `node`; the slots matter only inside `_Steps`."""
+        kernel = KERNELS[type(node.op)]
+        shape: tuple[Any, ...] = tuple(node.output.shape)
+        return _Step(node, kernel, args, out, free, narrow, node.output.dtype.numpy, shape)
+
+
+class _Steps:
+    """What `run_graph` does for one graph, worked out once.
+
+    Values live in slots (node indices). Leaves (constants, iotas, sizes) are computed once;
+    Broadcasts that only feed elementwise ops are skipped; each slot is freed after its last
+    reader, unless it is an output.
+    """
+
+    def __init__(self, graph: Graph) -> None:
+        slot = {id(node.output): i for i, node in enumerate(graph.nodes)}
+        self.inputs: list[tuple[int, ops.Input]] = []
+        self.leaves: list[tuple[int, np.ndarray]] = []
+        self.outputs = [slot[id(v)] for v in graph.outputs]
+        reads: list[tuple[Node, tuple[int, ...]]] = []
+        for i, node in enumerate(graph.nodes):
+            if isinstance(node.op, ops.Input):
+                self.inputs.append((i, node.op))
+            elif not node.inputs:
+                leaf = run_node(node, [])
+                leaf.flags.writeable = False  # shared by every run
+                self.leaves.append((i, leaf))
+            else:
+                reads.append((node, tuple(slot[id(_unbroadcast(node, v))] for v in node.inputs)))
+        needed = set(self.outputs)
+        kept: list[tuple[Node, tuple[int, ...]]] = []
+        for node, args in reversed(reads):
+            if slot[id(node.output)] in needed:
+                needed.update(args)
+                kept.append((node, args))
+        freed = set(self.outputs)
+        self.steps: list[_Step] = []
+        for node, args in kept:  # last first, so a slot's first sighting is its last read
+            dead = tuple(sorted({a for a in args if a not in freed}))
+            freed.update(dead)
+            narrow = isinstance(node.op, _COMPUTE_OPS) and any(
+                v.dtype.numpy in _WIDER for v in node.inputs
+            )
+            self.steps.append(_Step.of(node, args, narrow, slot[id(node.output)], dead))
+        self.steps.reverse()
+
+
+def _unbroadcast(node: Node, value: Value) -> Value:
+    """The value an input of `node` may be read from: a Broadcast's own input where allowed."""
+    producer = value.producer
+    if isinstance(node.op, _IMPLICIT_BROADCAST) and isinstance(producer.op, ops.Broadcast):
+        return producer.inputs[0]
+    return value
+
+
+_STEPS: weakref.WeakKeyDictionary[Graph, _Steps] = weakref.WeakKeyDictionary()
 
 
 def _feed(op: ops.Input, feeds: Mapping[str, np.ndarray]) -> np.ndarray:

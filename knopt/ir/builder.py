@@ -27,11 +27,15 @@ class GraphBuilder:
     def __init__(self, name: str = "") -> None:
         self.name = name
         self._nodes: list[Node] = []
-        self._memo: dict[tuple[Op, tuple[int, ...]], Value] = {}
+        self._memo: dict[tuple[Op, tuple[int, ...], object], Value] = {}
         self._inputs: list[Value] = []
         self._input_names: set[str] = set()
         self._outputs: list[tuple[str, Value]] = []
         self.current_name = ""  # names the nodes added next (the ONNX node being imported)
+        # Nodes added while `scope` is set are shared only within that scope, and recorded in
+        # `scopes` (the optimizer builds each fused kernel's nodes in a scope of its own).
+        self.scope: object = None
+        self.scopes: dict[int, object] = {}
 
     # ---- core ------------------------------------------------------------------------
 
@@ -42,7 +46,7 @@ class GraphBuilder:
             InvalidGraphError: If the inputs do not fit the op.
         """
         inputs = tuple(inputs)
-        key = (op, tuple(id(v) for v in inputs))
+        key = (op, tuple(id(v) for v in inputs), self.scope)
         if (found := self._memo.get(key)) is not None:
             return found
         node = Node(op, inputs, name if name is not None else self.current_name)
@@ -53,6 +57,8 @@ class GraphBuilder:
         node.output = Value(op.infer([v.type for v in inputs], node.describe()), node)
         self._nodes.append(node)
         self._memo[key] = node.output
+        if self.scope is not None:
+            self.scopes[id(node)] = self.scope
         return node.output
 
     def input(self, name: str, shape: Shape, dtype: DType) -> Value:
@@ -180,7 +186,7 @@ class GraphBuilder:
 
     def binary(self, kind: Binary, a: Value, b: Value) -> Value:
         """An elementwise function of `a` and `b`, broadcast numpy-style first."""
-        where = f"{self.current_name or kind.name}"
+        where = f"node '{self.current_name}' ({kind.name})" if self.current_name else kind.name
         shape = broadcast_shapes(a.shape, b.shape, where)
         return self.apply(ops.BinaryOp(kind), [self.broadcast(a, shape), self.broadcast(b, shape)])
 
@@ -190,7 +196,7 @@ class GraphBuilder:
 
     def where(self, condition: Value, x: Value, y: Value) -> Value:
         """`x` where `condition`, else `y`, broadcast numpy-style first."""
-        where = self.current_name or "where"
+        where = f"node '{self.current_name}' (where)" if self.current_name else "where"
         shape = broadcast_shapes(broadcast_shapes(condition.shape, x.shape, where), y.shape, where)
         return self.apply(
             ops.Where(),

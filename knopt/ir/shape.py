@@ -206,7 +206,8 @@ def broadcast_shapes(a: Shape, b: Shape, where: str) -> Shape:
         else:
             raise InvalidGraphError(
                 f"{where}: shapes {format_shape(a)} and {format_shape(b)} cannot broadcast "
-                f"(dimension {da} against {db})"
+                f"(dimension {da} against {db}); each axis must match or be 1, so check the "
+                "input shapes and the sizes given when loading"
             )
     return tuple(out)
 

@@ -30,7 +30,9 @@ from knopt.session import Session
 class KnoptBackendRep(BackendRep):
     """A model prepared by `KnoptBackend`: knopt sessions, one per value of the fixed inputs."""
 
-    def __init__(self, model: onnx.ModelProto, fixed: frozenset[str], session: Session | None):
+    def __init__(
+        self, model: onnx.ModelProto, fixed: frozenset[str], session: Session | None
+    ) -> None:
         self.model = model
         self.input_names = _runtime_input_names(model)
         self._fixed = fixed  # graph inputs whose values are needed when importing
@@ -81,9 +83,7 @@ class KnoptBackend(Backend):
     """The ONNX backend interface over knopt's importer and CPU executor. Device "CPU" only."""
 
     @classmethod
-    def prepare(
-        cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any
-    ) -> KnoptBackendRep:
+    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> KnoptBackendRep:
         """Import `model` and prepare it to run on `device`.
 
         Raises:
@@ -124,7 +124,9 @@ def _fingerprint(array: np.ndarray) -> tuple[object, ...]:
     return (array.dtype.str, array.shape, np.ascontiguousarray(array).tobytes())
 
 
-def _widen(model: onnx.ModelProto, fixed: frozenset[str], err: KnownValueRequired) -> frozenset[str]:
+def _widen(
+    model: onnx.ModelProto, fixed: frozenset[str], err: KnownValueRequired
+) -> frozenset[str]:
     """`fixed` plus the graph inputs that the value `err` asks for depends on.
 
     Raises:

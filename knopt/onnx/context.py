@@ -12,6 +12,7 @@ Reshape` chains become plain attributes instead of runtime work.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -48,8 +49,9 @@ class Known:
     def concrete(self) -> np.ndarray:
         """The value as an ordinary array of its dtype (it must not be symbolic)."""
         assert not self.is_symbolic
-        return np.asarray(self.array.astype(self.dtype.numpy) if self.array.dtype == object
-                          else self.array)
+        return np.asarray(
+            self.array.astype(self.dtype.numpy) if self.array.dtype == object else self.array
+        )
 
 
 class KnownValueRequired(UnsupportedModelError):
@@ -163,14 +165,16 @@ class Attributes:
         attr = self._get(name, onnx.AttributeProto.STRING)
         return self._require(name, default) if attr is None else attr.s.decode()
 
-    def ints(self, name: str, default: Sequence[int] | None = None) -> list[int]:
+    def ints(self, name: str, default: Sequence[builtins.int] | None = None) -> list[builtins.int]:
         """An INTS attribute (or the default)."""
         attr = self._get(name, onnx.AttributeProto.INTS)
         if attr is None:
             return list(self._require(name, default))
         return [int(v) for v in attr.ints]
 
-    def floats(self, name: str, default: Sequence[float] | None = None) -> list[float]:
+    def floats(
+        self, name: str, default: Sequence[builtins.float] | None = None
+    ) -> list[builtins.float]:
         """A FLOATS attribute (or the default)."""
         attr = self._get(name, onnx.AttributeProto.FLOATS)
         if attr is None:
@@ -316,7 +320,7 @@ class ImportContext:
         names = list(node.input)
         while names and not names[-1]:
             names.pop()
-        if len(names) < low or high is not None and len(names) > high:
+        if len(names) < low or (high is not None and len(names) > high):
             expected = str(low) if low == high else f"{low} to {high or 'any'}"
             raise self.fail(f"takes {expected} inputs, got {len(names)}")
         return names + [""] * ((high or len(names)) - len(names))

@@ -25,8 +25,16 @@ from knopt.onnx.context import (
 )
 
 # Ops never evaluated at import time: random ones have no value to know.
-_NEVER_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
-                         "RandomUniformLike", "Multinomial", "Bernoulli"})
+_NEVER_FOLD = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+    }
+)
 
 
 def fold_node(ctx: ImportContext, node: onnx.NodeProto, domain: str) -> list[Known | None] | None:
@@ -49,7 +57,9 @@ def fold_node(ctx: ImportContext, node: onnx.NodeProto, domain: str) -> list[Kno
     return _evaluate(ctx, node, args)
 
 
-def _evaluate(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[Known | None] | None:
+def _evaluate(
+    ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
+) -> list[Known | None] | None:
     fn = find_importer("", node.op_type, ctx.opset)
     if fn is None:
         return None

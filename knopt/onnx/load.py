@@ -24,6 +24,7 @@ from knopt.ir.validate import MAX_ELEMENTS, validate
 from knopt.onnx import ops as _ops  # noqa: F401  (registers the importers)
 from knopt.onnx.context import Attributes, ImportContext, Known, OnnxValue, find_importer
 from knopt.onnx.fold import fold_node
+from knopt.onnx.order import undefined_input_error
 
 MIN_OPSET = 7
 
@@ -168,6 +169,11 @@ def import_model(
             ctx.env[info.name] = _graph_input(builder, info, dims or {})
     import_nodes(ctx, graph.node)
     for info in graph.output:
+        if info.name not in ctx.env:
+            raise InvalidGraphError(
+                f"graph output '{info.name}' is not computed by any node, nor a graph input or "
+                "initializer; fix its name or remove it from the outputs"
+            )
         builder.output(ctx.value(info.name), info.name)
     result = builder.build()
     validate(result)
@@ -186,7 +192,10 @@ def initializer_value(tensor: onnx.TensorProto) -> Known:
     dtype = DType.from_onnx(tensor.data_type, where)
     count = int(np.prod(tensor.dims, dtype=np.float64))
     if count > MAX_ELEMENTS:
-        raise InvalidGraphError(f"{where}: declares {count} elements, more than 2^34")
+        raise InvalidGraphError(
+            f"{where}: declares {count} elements, more than the 2^34 knopt allows; "
+            "fix its declared shape"
+        )
     try:
         array = numpy_helper.to_array(tensor)
     except (ValueError, TypeError) as err:
@@ -202,7 +211,9 @@ def _known_input(info: onnx.ValueInfoProto, array: np.ndarray) -> Known:
     return Known(np.asarray(array, dtype.numpy), dtype)
 
 
-def _graph_input(builder: GraphBuilder, info: onnx.ValueInfoProto, dims: Mapping[str, int]) -> Value:
+def _graph_input(
+    builder: GraphBuilder, info: onnx.ValueInfoProto, dims: Mapping[str, int]
+) -> Value:
     where = f"graph input '{info.name}'"
     if not info.type.HasField("tensor_type"):
         raise UnsupportedModelError(f"{where}: only tensor inputs are supported")
@@ -221,7 +232,10 @@ def _graph_input(builder: GraphBuilder, info: onnx.ValueInfoProto, dims: Mapping
             shape.append(dims[name] if name in dims else sym(name))
     count = numel(shape)
     if isinstance(count, int) and count > MAX_ELEMENTS:
-        raise InvalidGraphError(f"{where}: declares {count} elements, more than 2^34")
+        raise InvalidGraphError(
+            f"{where}: declares {count} elements, more than the 2^34 knopt allows; "
+            "fix its declared shape"
+        )
     return builder.input(info.name, tuple(shape), dtype)
 
 
@@ -232,10 +246,7 @@ def import_nodes(ctx: ImportContext, nodes: list[onnx.NodeProto]) -> None:
         ctx.builder.current_name = node.name or f"{node.op_type}_{index}"
         for name in node.input:
             if name and name not in ctx.env:
-                raise InvalidGraphError(
-                    f"{ctx.where}: reads '{name}', which no earlier node, input or initializer "
-                    "defines (a cycle or a dangling input)"
-                )
+                raise undefined_input_error(ctx.where, name, nodes, ctx.env)
         outputs = _import_node(ctx, node)
         for name, result in zip(node.output, outputs, strict=False):
             if name and result is not None:
@@ -258,12 +269,16 @@ def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | N
         fn = find_importer(domain, node.op_type, version)
         if fn is None:
             name = f"{domain}.{node.op_type}" if domain else node.op_type
-            raise UnsupportedModelError(f"{ctx.where}: op {name} is not supported")
+            raise UnsupportedModelError(
+                f"{ctx.where}: op {name} is not supported at opset {version} (`knopt info "
+                "MODEL` lists every unsupported node)"
+            )
         ctx._attributes = Attributes(node, ctx.where)
         outputs = list(fn(ctx, node))
     unread = ctx._attributes.unread()
     if unread:
         raise UnsupportedModelError(
-            f"{ctx.where}: attribute(s) {', '.join(unread)} are not supported"
+            f"{ctx.where}: attribute(s) {', '.join(unread)} are not supported (knopt never "
+            "ignores an attribute; remove it from the model if it has no effect)"
         )
     return outputs

@@ -51,29 +51,34 @@ def _cycle(
     defined: set[str],
 ) -> list[onnx.NodeProto]:
     """Some cycle among the nodes (its nodes in order, the first repeated last), or []."""
-    state: dict[int, int] = {}  # 1: on the current path, 2: finished
-    path: list[onnx.NodeProto] = []
-
-    def visit(node: onnx.NodeProto) -> list[onnx.NodeProto]:
-        state[id(node)] = 1
-        path.append(node)
-        for name in node.input:
-            producer = producers.get(name) if name and name not in defined else None
+    # Depth-first search with an explicit stack: models have thousands of nodes in a row.
+    finished: set[int] = set()
+    for root in nodes:
+        if id(root) in finished:
+            continue
+        path = [root]
+        on_path = {id(root)}
+        pending = [iter(_producers_of(root, producers, defined))]
+        while pending:
+            producer = next(pending[-1], None)
             if producer is None:
-                continue
-            if state.get(id(producer)) == 1:
+                pending.pop()
+                finished.add(id(path[-1]))
+                on_path.discard(id(path.pop()))
+            elif id(producer) in on_path:
                 start = next(i for i, n in enumerate(path) if n is producer)
                 return [*path[start:], producer]
-            if id(producer) not in state and (found := visit(producer)):
-                return found
-        state[id(node)] = 2
-        path.pop()
-        return []
-
-    for node in nodes:
-        if id(node) not in state and (found := visit(node)):
-            return found
+            elif id(producer) not in finished:
+                path.append(producer)
+                on_path.add(id(producer))
+                pending.append(iter(_producers_of(producer, producers, defined)))
     return []
+
+
+def _producers_of(
+    node: onnx.NodeProto, producers: dict[str, onnx.NodeProto], defined: set[str]
+) -> list[onnx.NodeProto]:
+    return [producers[n] for n in node.input if n and n not in defined and n in producers]
 
 
 def _label(node: onnx.NodeProto, nodes: Sequence[onnx.NodeProto]) -> str:

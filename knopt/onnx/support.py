@@ -30,9 +30,13 @@ class UnsupportedNode:
 def find_unsupported(model: onnx.ModelProto, opset: int) -> list[UnsupportedNode]:
     """The nodes whose op has no importer at `opset` and is no model-local function.
 
+    Other domains are looked up at the versions the model imports them at.
+
     Function bodies and subgraphs are scanned too; nodes come in graph order.
     """
     functions = {(f.domain, f.name): f for f in model.functions}
+    versions = {entry.domain: int(entry.version) for entry in model.opset_import}
+    versions[""] = opset
     found: list[UnsupportedNode] = []
     scanned: set[tuple[str, str]] = set()
 
@@ -44,7 +48,7 @@ def find_unsupported(model: onnx.ModelProto, opset: int) -> list[UnsupportedNode
                 if key not in scanned:
                     scanned.add(key)
                     scan(list(functions[key].node))
-            elif find_importer(domain, node.op_type, opset) is None:
+            elif find_importer(domain, node.op_type, versions.get(domain, opset)) is None:
                 op_type = f"{domain}.{node.op_type}" if domain else node.op_type
                 found.append(UnsupportedNode(node.name or f"#{index}", op_type))
             for attr in node.attribute:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from knopt.ir.dtype import DType
-from knopt.opt.serialized import EGraphData, ENode
+from knopt.opt.serialized import EGraphData, ENode, SRef
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class DeviceProfile:
     peak: Mapping[str, float]
     launch: float
     symbol_size: int = 8  # the size assumed for a symbolic dimension when estimating
+    per_op_launch: bool = False  # a fused body still costs one launch per op (numpy)
 
     def flops_per_second(self, dtype: DType) -> float:
         """Peak arithmetic rate for elements of `dtype`."""
@@ -50,6 +51,7 @@ CPU = DeviceProfile(
     bandwidth=8e9,
     peak={"f32": 60e9, "f16": 5e9, "f64": 30e9, "int": 20e9},
     launch=6e-6,
+    per_op_launch=True,
 )
 # H200: HBM3e copy bandwidth 4.2 TB/s, f32 (no TF32) 51 TFLOP/s, f16 tensor cores 760 TFLOP/s,
 # a kernel launch about 4 us from Python (under 1 us inside a CUDA graph).
@@ -62,6 +64,8 @@ H200 = DeviceProfile(
 H200_GRAPH = DeviceProfile("h200-graph", H200.bandwidth, H200.peak, launch=0.8e-6)
 PROFILES = {p.name: p for p in (CPU, H200, H200_GRAPH)}
 
+_MAIN_OP = {"KMatMul": "MatMul", "KConv": "Conv", "KSoftmax": "Softmax",
+            "KLayerNorm": "LayerNorm", "KRmsNorm": "RmsNorm"}
 FREE_OPS = frozenset(
     {"Input", "Constant", "Splat", "Iota", "Sizes", "View", "Broadcast", "Permute", "Slice", "Flip"}
 )
@@ -79,6 +83,7 @@ class CostModel:
     profile: DeviceProfile
     folding: bool = True  # folded classes are free; off to price the graph as given
     _bytes: dict[int, float] = field(default_factory=dict)
+    _body_cache: dict[int, tuple[int, float]] = field(default_factory=dict)
 
     def shape(self, cls: int) -> tuple[int, ...]:
         """The estimated sizes of a class (symbolic sizes replaced by the profile's guess)."""
@@ -109,7 +114,7 @@ class CostModel:
         """Seconds to compute `node` as its own kernel (0 for views, leaves and folds)."""
         if node.op in FREE_OPS:
             return 0.0
-        children = node.children()
+        children = self.data.children(node)
         out = self.numel(cls)
         if self.folding and cls in self.data.folds and all(c in self.data.folds for c in children):
             # Computed while compiling, but kept in memory: a tiny charge per byte makes
@@ -117,13 +122,55 @@ class CostModel:
             # of broadcasts).
             return out * self.dtype(cls).itemsize / self.profile.bandwidth * 1e-3
         moved = out * self.dtype(cls).itemsize + sum(self.bytes(c) for c in set(children))
-        flops = self.flops(cls, node, out)
+        ops, body_flops = self._bodies(node)
+        flops = self.flops(cls, node, out) + body_flops * self._body_elements(cls, node, out)
         rate = self.profile.flops_per_second(self.dtype(children[0]) if children else DType.F32)
-        return self.profile.launch + max(moved / self.profile.bandwidth, flops / rate)
+        launches = 1 + ops if self.profile.per_op_launch else 1
+        return self.profile.launch * launches + max(moved / self.profile.bandwidth, flops / rate)
+
+    def _bodies(self, node: ENode) -> tuple[int, float]:
+        """Scalar ops in a kernel node's bodies, and their arithmetic per element."""
+        ops, flops = 0, 0.0
+        for arg in node.args:
+            if isinstance(arg, SRef):
+                n, f = self._body(arg.id)
+                ops, flops = ops + n, flops + f
+        if node.op == "KElem":
+            ops -= 1  # the kernel itself is the first op
+        return max(ops, 0), flops
+
+    def _body(self, sid: int) -> tuple[int, float]:
+        if sid not in self._body_cache:
+            count, flops, seen, stack = 0, 0.0, set(), [sid]
+            while stack:
+                current = stack.pop()
+                if current in seen:
+                    continue
+                seen.add(current)
+                node = self.data.body(current)
+                if node.op not in ("SLoad", "SConst", "SAcc"):
+                    count += 1
+                    kind = node.args[0] if isinstance(node.args[0], str) else ""
+                    flops += _UNARY_FLOPS.get(kind, 1)
+                stack.extend(a.id for a in node.args if isinstance(a, SRef))
+            self._body_cache[sid] = (count, flops)
+        return self._body_cache[sid]
+
+    def _body_elements(self, cls: int, node: ENode, out: int) -> int:
+        """Elements a prologue runs over: a reduction's input, else the output."""
+        if node.op == "KReduce":
+            loads = self.data.loads(node.args[1].id)
+            return max([self.numel(c) for c in loads], default=out)
+        return out
 
     def flops(self, cls: int, node: ENode, out: int) -> float:
         """Estimated arithmetic of a node."""
-        op = node.op
+        op = _MAIN_OP.get(node.op, node.op)
+        if node.op == "KReduce":
+            loads = self.data.loads(node.args[1].id)
+            return float(max([self.numel(c) for c in loads], default=out))
+        if node.op == "KElem":
+            return 0.0
         if op == "MatMul":
             a = self.shape(node.args[0].id)
             return 2.0 * out * a[-1]

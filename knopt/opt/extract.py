@@ -52,15 +52,16 @@ class _Problem:
     """Classes with their usable nodes, node costs and distinct children."""
 
     def __init__(self, data: EGraphData, cost: Callable[[int, ENode], float]) -> None:
+        children = data.children
         self.nodes: dict[int, list[ENode]] = {}
         self.costs: dict[int, list[float]] = {}
         self.kids: dict[int, list[tuple[int, ...]]] = {}
         for cls, nodes in data.classes.items():
-            kept = [n for n in nodes if all(k in data.classes for k in n.children())]
-            kept = [n for n in kept if cls not in n.children()]
+            kept = [n for n in nodes if all(k in data.classes for k in children(n))]
+            kept = [n for n in kept if cls not in children(n)]
             self.nodes[cls] = kept
             self.costs[cls] = [cost(cls, n) for n in kept]
-            self.kids[cls] = [tuple(dict.fromkeys(n.children())) for n in kept]
+            self.kids[cls] = [tuple(dict.fromkeys(children(n))) for n in kept]
 
     def bottom_up(self) -> list[int]:
         """Classes in order of their shallowest node's depth (unreachable ones left out)."""
@@ -339,7 +340,7 @@ def extract(
     if other.total < solution.total - 1e-15:
         solution, method = other, "local" if other_moves else "original"
     best = _chosen(solution)
-    error = check_extraction(best, roots)
+    error = check_extraction(best, roots, data.children)
     assert error is None, error
     result = Extraction(best, solution.total, method)
     if ilp_max_nodes and sum(len(n) for n in problem.nodes.values()) <= ilp_max_nodes:
@@ -348,7 +349,7 @@ def extract(
         ilp = solve_ilp(data, roots, cost, best, ilp_seconds)
         result.ilp_status = ilp.status
         if ilp.choice is not None and ilp.cost < result.cost - 1e-12:
-            error = check_extraction(ilp.choice, roots)
+            error = check_extraction(ilp.choice, roots, data.children)
             if error is None:
                 result = Extraction(ilp.choice, ilp.cost, "ilp", ilp.status)
             else:
@@ -370,7 +371,12 @@ def _chosen(solution: _Solution) -> dict[int, ENode]:
     return {c: p.nodes[c][solution.choice[c]] for c in solution.needed()}
 
 
-def check_extraction(choice: dict[int, ENode], roots: Sequence[int]) -> str | None:
+Children = Callable[[ENode], list[int]]
+
+
+def check_extraction(
+    choice: dict[int, ENode], roots: Sequence[int], children: Children = ENode.children
+) -> str | None:
     """None if `choice` is a valid program for `roots`, else what is wrong with it."""
     state: dict[int, int] = {}  # 1 on the DFS stack, 2 done
     for root in roots:
@@ -388,7 +394,7 @@ def check_extraction(choice: dict[int, ENode], roots: Sequence[int]) -> str | No
                 return f"class {cls} is needed but has no node"
             state[cls] = 1
             stack.append((cls, True))
-            for kid in set(choice[cls].children()):
+            for kid in set(children(choice[cls])):
                 if state.get(kid) == 1:
                     return f"class {kid} depends on itself (a cycle)"
                 if state.get(kid) != 2:
@@ -397,7 +403,10 @@ def check_extraction(choice: dict[int, ENode], roots: Sequence[int]) -> str | No
 
 
 def dag_cost(
-    choice: dict[int, ENode], roots: Sequence[int], cost: Callable[[int, ENode], float]
+    choice: dict[int, ENode],
+    roots: Sequence[int],
+    cost: Callable[[int, ENode], float],
+    children: Children = ENode.children,
 ) -> float:
     """The DAG cost of a choice: each needed class paid once."""
     needed: set[int] = set()
@@ -406,7 +415,7 @@ def dag_cost(
         cls = stack.pop()
         if cls not in needed:
             needed.add(cls)
-            stack.extend(choice[cls].children())
+            stack.extend(children(choice[cls]))
     return sum(cost(c, choice[c]) for c in needed)
 
 

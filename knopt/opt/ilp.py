@@ -45,7 +45,7 @@ def solve_ilp(
         (c, n)
         for c in classes
         for n in data.classes[c]
-        if all(k in class_index for k in n.children())
+        if all(k in class_index for k in data.children(n))
     ]
     n_x, n_t = len(nodes), len(classes)
     big = float(n_t + 1)
@@ -60,7 +60,7 @@ def solve_ilp(
         if root not in members:
             return IlpResult(None, float("inf"), "infeasible: an output class has no node")
     for j, (c, node) in enumerate(nodes):
-        for kid in set(node.children()):
+        for kid in set(data.children(node)):
             if kid == c:
                 rows.append(([j], [1.0], 0.0, 0.0))  # a node reading its own class: never
                 continue
@@ -79,7 +79,7 @@ def solve_ilp(
     costs = np.array([cost(c, n) for c, n in nodes])
     solver.changeColsCost(n_x, np.arange(n_x, dtype=np.int32), costs)
     _add_rows(solver, rows, inf)
-    solver.setSolution(_warm_start(nodes, classes, start, roots, n_x, n_t))
+    solver.setSolution(_warm_start(nodes, classes, start, roots, data.children))
     solver.setOptionValue("time_limit", float(seconds))
     solver.run()
     status = solver.modelStatusToString(solver.getModelStatus())
@@ -90,10 +90,10 @@ def solve_ilp(
     for j, (c, node) in enumerate(nodes):
         if values[j] > 0.5:
             picked[c] = node
-    choice = _reachable(picked, roots)
+    choice = _reachable(picked, roots, data.children)
     if choice is None:
         return IlpResult(None, float("inf"), f"{status}, incomplete solution")
-    return IlpResult(choice, dag_cost(choice, roots, cost), status)
+    return IlpResult(choice, dag_cost(choice, roots, cost, data.children), status)
 
 
 def _add_rows(solver: object, rows: list[tuple[list[int], list[float], float, float]],
@@ -117,10 +117,10 @@ def _add_rows(solver: object, rows: list[tuple[list[int], list[float], float, fl
 
 
 def _warm_start(nodes: list[tuple[int, ENode]], classes: list[int], start: dict[int, ENode],
-                roots: Sequence[int], n_x: int, n_t: int) -> object:
+                roots: Sequence[int], children: Callable[[ENode], list[int]]) -> object:
     import highspy
 
-    order = _topological(start, roots)
+    order = _topological(start, roots, children)
     x = [1.0 if start.get(c) == n else 0.0 for c, n in nodes]
     t = [float(order.get(c, 0)) for c in classes]
     solution = highspy.HighsSolution()
@@ -129,7 +129,9 @@ def _warm_start(nodes: list[tuple[int, ENode]], classes: list[int], start: dict[
     return solution
 
 
-def _topological(choice: dict[int, ENode], roots: Sequence[int]) -> dict[int, int]:
+def _topological(
+    choice: dict[int, ENode], roots: Sequence[int], children: Callable[[ENode], list[int]]
+) -> dict[int, int]:
     position: dict[int, int] = {}
     visiting: set[int] = set()
 
@@ -144,14 +146,16 @@ def _topological(choice: dict[int, ENode], roots: Sequence[int]) -> dict[int, in
                 continue
             visiting.add(c)
             stack.append((c, True))
-            stack.extend((k, False) for k in choice[c].children() if k not in position)
+            stack.extend((k, False) for k in children(choice[c]) if k not in position)
 
     for root in roots:
         visit(root)
     return position
 
 
-def _reachable(picked: dict[int, ENode], roots: Sequence[int]) -> dict[int, ENode] | None:
+def _reachable(
+    picked: dict[int, ENode], roots: Sequence[int], children: Callable[[ENode], list[int]]
+) -> dict[int, ENode] | None:
     choice: dict[int, ENode] = {}
     stack = list(roots)
     while stack:
@@ -161,5 +165,5 @@ def _reachable(picked: dict[int, ENode], roots: Sequence[int]) -> dict[int, ENod
         if cls not in picked:
             return None
         choice[cls] = picked[cls]
-        stack.extend(picked[cls].children())
+        stack.extend(children(picked[cls]))
     return choice

@@ -15,7 +15,9 @@ from knopt.opt.cost import PROFILES, CostModel, DeviceProfile
 from knopt.opt.egraph import Limits, saturate
 from knopt.opt.explain import covered_nodes
 from knopt.opt.extract import extract
-from knopt.opt.rebuild import rebuild_graph
+from knopt.opt.program import Program, program_from_graph
+from knopt.opt.rebuild import Rebuilt, rebuild_graph
+from knopt.opt.serialized import ENode
 from knopt.opt.rules import RuleFile, read_rule_file, rulesets_of, shipped_rule_files
 
 
@@ -43,6 +45,7 @@ class OptimizeReport:
     phases: list[dict[str, Any]] = field(default_factory=list)
     patterns: list[Pattern] = field(default_factory=list)
     egraph_nodes: int = 0
+    kernels: int = 0
     extraction: str = ""
     ilp_status: str = ""
     profile: str = "cpu"
@@ -62,6 +65,7 @@ class OptimizeReport:
             "phases": self.phases,
             "patterns": [vars(p) for p in self.patterns],
             "egraph_nodes": self.egraph_nodes,
+            "kernels": self.kernels,
             "extraction": self.extraction,
             "ilp_status": self.ilp_status,
             "profile": self.profile,
@@ -71,9 +75,16 @@ class OptimizeReport:
 
 @dataclass
 class OptimizeResult:
-    """The optimized graph and the report."""
+    """The optimized graph, its kernel program, and the report.
+
+    Attributes:
+        graph: The optimized IR graph (fused kernels written out as their ops).
+        program: The same computation as kernels, as extraction grouped them.
+        report: What optimization did.
+    """
 
     graph: Graph
+    program: Program
     report: OptimizeReport
 
 
@@ -118,7 +129,8 @@ def optimize(
         data, roots, model.node_cost, saturation.ir_nodes, ilp_max_nodes=4000 if ilp else 0
     )
     extract_seconds = time.perf_counter() - began
-    optimized = rebuild_graph(data, saturation.tables, extraction.choice, roots, graph)
+    rebuilt = rebuild_graph(data, saturation.tables, extraction.choice, roots, graph)
+    optimized = rebuilt.graph
     validate(optimized)
     unfolded = CostModel(data, device, folding=False)
     report = OptimizeReport(
@@ -137,8 +149,28 @@ def optimize(
         profile=device.name,
         user_rules=[r.name for r in extra],
     )
-    for cls, node, names in covered_nodes(graph, saturation.ir_nodes, extraction.choice, roots):
+    covered = covered_nodes(graph, saturation.ir_nodes, extraction.choice, roots)
+    for cls, node, names in covered:
         kind = node.args[0] if node.op in ("UnaryOp", "BinaryOp") else node.op
         report.patterns.append(Pattern(kind, names, model.node_cost(cls, node)))
+    program = _program(rebuilt, extraction.choice, model, {c: n for c, _, n in covered})
+    report.kernels = len(program.launches())
     report.seconds = time.perf_counter() - start
-    return OptimizeResult(optimized, report)
+    return OptimizeResult(optimized, program, report)
+
+
+def _program(
+    rebuilt: Rebuilt, choice: dict[int, ENode], model: CostModel, names: dict[int, list[str]]
+) -> Program:
+    """The kernel program of an extraction, with each kernel's cost and original names."""
+    costs: dict[int, float] = {}
+    kernel_names: dict[int, list[str]] = {}
+    for cls in set(rebuilt.kernel_of.values()):
+        costs[cls] = model.node_cost(cls, choice[cls])
+        kernel_names[cls] = names.get(cls, [])
+    for node_id, cls in rebuilt.class_of.items():
+        if node_id not in rebuilt.kernel_of:
+            costs[node_id] = model.node_cost(cls, choice[cls])
+            if cls in names:
+                kernel_names[node_id] = names[cls]
+    return program_from_graph(rebuilt.graph, rebuilt.kernel_of, costs, kernel_names)

@@ -19,6 +19,7 @@ is the main op's value there, `Const` a splat value; the rest mirror the element
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -26,7 +27,7 @@ import numpy as np
 
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
-from knopt.ir.graph import Graph
+from knopt.ir.graph import Graph, Node, Value
 from knopt.ir.op import Binary, TensorType, Unary
 
 # ---- scalar bodies ------------------------------------------------------------------------
@@ -210,39 +211,172 @@ class Program:
         return sum(k.cost for k in self.kernels)
 
 
-def program_from_graph(graph: Graph) -> Program:
-    """The unfused program of a graph: one kernel per op, a view per view op."""
-    tensors: list[Tensor] = []
-    ids: dict[int, int] = {}
-    constants: dict[int, np.ndarray] = {}
-    kernels: list[Kernel] = []
-    outputs = {id(v) for v in graph.outputs}
+def program_from_graph(
+    graph: Graph,
+    groups: Mapping[int, int] | None = None,
+    costs: Mapping[int, float] | None = None,
+    names: Mapping[int, Sequence[str]] | None = None,
+) -> Program:
+    """The program that computes `graph`.
+
+    Args:
+        graph: The graph.
+        groups: Node id to a group key; the nodes of one group become one fused kernel whose
+            result is the group's last node. Nodes in no group are kernels of their own.
+        costs: Estimated seconds per group key, or per node id for ungrouped nodes.
+        names: Original node names per group key or node id.
+    """
+    groups = groups or {}
+    costs = costs or {}
+    names = names or {}
+    members: dict[int, list[Node]] = {}
     for node in graph.nodes:
-        value = node.output
-        tid = len(tensors)
-        ids[id(value)] = tid
-        op = node.op
-        if isinstance(op, ops.Input):
-            role = "input"
-        elif isinstance(op, ops.Constant):
-            role = "constant"
-            constants[tid] = op.data.array
+        if id(node) in groups:
+            members.setdefault(groups[id(node)], []).append(node)
+    last = {id(nodes[-1]): key for key, nodes in members.items()}
+    builder = _ProgramBuilder(graph)
+    for node in graph.nodes:
+        if id(node) in groups and id(node) not in last:
+            continue  # computed inside its group's kernel
+        key = last.get(id(node))
+        if key is not None:
+            kernel = builder.fused(members[key], costs.get(key, 0.0), names.get(key, ()))
         else:
-            role = "intermediate"
-            kind = "view" if isinstance(op, VIEW_OPS) else op.name
-            kernels.append(Kernel(kind, op, tuple(ids[id(v)] for v in node.inputs), tid,
-                                  names=(node.name,) if node.name else ()))
-        tensors.append(Tensor(tid, value.type, "output" if id(value) in outputs else role))
-    return Program(
-        tensors,
-        kernels,
-        [ids[id(v)] for v in graph.inputs],
-        graph.input_names,
-        [ids[id(v)] for v in graph.outputs],
-        graph.output_names,
-        constants,
-        graph.name,
-    )
+            kernel = builder.single(node, costs.get(id(node), 0.0), names.get(id(node), ()))
+        if kernel is not None:
+            builder.kernels.append(kernel)
+    return builder.program()
+
+
+_MAIN_KINDS = {
+    ops.Reduce: "reduce",
+    ops.Softmax: "softmax",
+    ops.LayerNorm: "layer_norm",
+    ops.RmsNorm: "rms_norm",
+    ops.MatMul: "matmul",
+    ops.Conv: "conv",
+}
+
+
+class _ProgramBuilder:
+    """Turns graph nodes into tensors and kernels."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.tensors: list[Tensor] = []
+        self.ids: dict[int, int] = {}
+        self.constants: dict[int, np.ndarray] = {}
+        self.kernels: list[Kernel] = []
+        self.outputs = {id(v) for v in graph.outputs}
+
+    def tensor(self, value: Value, role: str) -> int:
+        if id(value) not in self.ids:
+            tid = len(self.tensors)
+            self.ids[id(value)] = tid
+            final = "output" if id(value) in self.outputs else role
+            self.tensors.append(Tensor(tid, value.type, final))
+            if isinstance(value.producer.op, ops.Constant):
+                self.constants[tid] = value.producer.op.data.array
+        return self.ids[id(value)]
+
+    def single(self, node: Node, cost: float, names: Sequence[str]) -> Kernel | None:
+        op = node.op
+        if isinstance(op, ops.Input | ops.Constant):
+            self.tensor(node.output, "input" if isinstance(op, ops.Input) else "constant")
+            return None
+        inputs = tuple(self.ids[id(v)] for v in node.inputs)
+        out = self.tensor(node.output, "intermediate")
+        kind = "view" if isinstance(op, VIEW_OPS) else op.name
+        return Kernel(kind, op, inputs, out, names=tuple(names) or _own_name(node), cost=cost)
+
+    def fused(self, nodes: list[Node], cost: float, names: Sequence[str]) -> Kernel:
+        inside = {id(n) for n in nodes}
+        mains = [n for n in nodes if type(n.op) in _MAIN_KINDS]
+        assert len(mains) <= 1, "a fused kernel has one main op"
+        loads: list[int] = []
+        result = nodes[-1]
+
+        def load(value: Value) -> Expr:
+            splat = _splat_of(value, inside)
+            if splat is not None:
+                return Const(splat, value.dtype)
+            if id(value.producer) in inside and value.producer is not main_node:
+                return _expr(value.producer, load)
+            if value.producer is main_node:
+                return Acc()
+            tid = self.ids[id(value)]
+            if tid not in loads:
+                loads.append(tid)
+            return Load(loads.index(tid))
+
+        main_node = mains[0] if mains else None
+        out = self.tensor(result.output, "intermediate")
+        label = tuple(names) or tuple(dict.fromkeys(n.name for n in nodes if n.name))
+        if main_node is None:
+            body = _expr(result, load)
+            return Kernel("elementwise", None, tuple(loads), out, body=body, names=label,
+                          cost=cost)
+        kind = _MAIN_KINDS[type(main_node.op)]
+        prologue = None
+        if kind in ("matmul", "conv"):
+            for operand in main_node.inputs:
+                tid = self.ids[id(operand)]
+                loads.append(tid)
+        else:
+            (operand,) = main_node.inputs
+            if id(operand.producer) in inside:
+                prologue = _expr(operand.producer, load)
+            else:
+                loads.append(self.ids[id(operand)])
+        epilogue = None if result is main_node else _expr(result, load)
+        return Kernel(kind, main_node.op, tuple(loads), out, prologue=prologue,
+                      epilogue=epilogue, names=label, cost=cost)
+
+    def program(self) -> Program:
+        g = self.graph
+        return Program(
+            self.tensors,
+            self.kernels,
+            [self.ids[id(v)] for v in g.inputs],
+            g.input_names,
+            [self.ids[id(v)] for v in g.outputs],
+            g.output_names,
+            self.constants,
+            g.name,
+        )
+
+
+def _own_name(node: Node) -> tuple[str, ...]:
+    return (node.name,) if node.name else ()
+
+
+def _splat_of(value: Value, inside: set[int]) -> float | None:
+    """The value of a splat constant made for a kernel (seen through its views), or None."""
+    node = value.producer
+    while id(node) in inside and isinstance(node.op, VIEW_OPS):
+        node = node.inputs[0].producer
+    if isinstance(node.op, ops.Constant) and (id(node) in inside or node.output.type.shape == ()
+                                              or node.op.data.array.size == 1):
+        splat = node.op.data.splat_value()
+        return float(splat) if splat is not None else None
+    return None
+
+
+def _expr(node: Node, load: Callable[[Value], Expr]) -> Expr:
+    """The scalar body of an elementwise node; its inputs are `load`ed."""
+    op = node.op
+    args = [load(v) for v in node.inputs]
+    if isinstance(op, ops.UnaryOp):
+        return UnaryE(op.kind, args[0])
+    if isinstance(op, ops.BinaryOp):
+        return BinaryE(op.kind, args[0], args[1])
+    if isinstance(op, ops.Clamp):
+        return ClampE(args[0], op.lo, op.hi)
+    if isinstance(op, ops.Cast):
+        return CastE(args[0], op.dtype)
+    if isinstance(op, ops.Where):
+        return WhereE(args[0], args[1], args[2])
+    raise AssertionError(f"{node.describe()} is not elementwise but sits in a fused body")
 
 
 def format_program(program: Program) -> str:

@@ -9,6 +9,7 @@ must equal what typing.egg said of its class: a mismatch means an unsound rule.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,8 @@ from knopt.opt.serialized import EGraphData, ENode
 from knopt.opt.terms import ENUM_PREFIX, TermTables
 
 _VIEWS = frozenset({"View", "Broadcast", "Permute", "Slice", "Flip"})
+KERNEL_OPS = frozenset({"KElem", "KReduce", "KSoftmax", "KLayerNorm", "KRmsNorm", "KMatMul",
+                        "KConv"})
 
 
 def _enum(kind: type[Any], name: str) -> Any:
@@ -68,7 +71,7 @@ class _Rebuilder:
             if c in self.values:
                 continue
             node = self.choice[c]
-            kids = [k for k in node.children() if k not in self.values]
+            kids = [k for k in self.data.children(node) if k not in self.values]
             if ready or not kids:
                 self.values[c] = self._make(c, node)
             else:
@@ -86,6 +89,14 @@ class _Rebuilder:
                 return builder.constant(self.tables.constants[node.args[0]])
             value, shape, dtype = node.args
             return _splat(builder, value, self.shape(shape), DType[dtype])
+        if node.op in KERNEL_OPS:
+            builder.scope = cls
+            try:
+                result = self._expand_kernel(cls, node)
+            finally:
+                builder.scope = None
+            self._check_type(cls, node, result)
+            return result
         op = DECODERS[node.op](self, node.args)
         inputs = [self.values[k] for k in node.children()]
         folded = cls in self.data.folds and all(k in self.constant for k in node.children())
@@ -103,6 +114,59 @@ class _Rebuilder:
             ) from err
         self._check_type(cls, node, result)
         return result
+
+    def _expand_kernel(self, cls: int, node: ENode) -> Value:
+        """A fused kernel written out as IR ops (built in the kernel's own builder scope)."""
+        b = self.builder
+        shape = self.shape(self.data.shapes[cls])
+        a = node.args
+        if node.op == "KElem":
+            return self._expand(a[0].id, shape, None)
+        if node.op == "KMatMul":
+            acc = b.matmul(self.values[a[0].id], self.values[a[1].id])
+            return self._expand(a[2].id, shape, acc)
+        if node.op == "KConv":
+            conv = DECODERS["Conv"](self, a[:7])
+            acc = b.apply(conv, [self.values[a[0].id], self.values[a[1].id]])
+            return self._expand(a[7].id, shape, acc)
+        prologue, epilogue = a[1 if node.op == "KReduce" else 0], a[-1]
+        loads = self.data.loads(prologue.id)
+        source = self.values[min(loads)].shape if loads else shape
+        x = self._expand(prologue.id, source, None)
+        main: ops.Op
+        if node.op == "KReduce":
+            main = ops.Reduce(_enum(Reduction, a[0]), tuple(a[2]))
+        elif node.op == "KSoftmax":
+            main = ops.Softmax(a[1])
+        elif node.op == "KLayerNorm":
+            main = ops.LayerNorm(a[1], a[2])
+        else:
+            main = ops.RmsNorm(a[1], a[2])
+        return self._expand(epilogue.id, shape, b.apply(main, [x]))
+
+    def _expand(self, sid: int, shape: tuple[Dim, ...], acc: Value | None) -> Value:
+        """A scalar body as IR ops over tensors of `shape` (`acc` stands for SAcc)."""
+        node = self.data.body(sid)
+        a, b = node.args, self.builder
+        if node.op == "SLoad":
+            return self.values[a[0].id]
+        if node.op == "SAcc":
+            assert acc is not None, "SAcc outside an epilogue"
+            return acc
+        if node.op == "SConst":
+            return _splat(b, a[0], shape, DType[a[1]])
+        if node.op == "SUnary":
+            return b.unary(_enum(Unary, a[0]), self._expand(a[1].id, shape, acc))
+        if node.op == "SBinary":
+            left, right = (self._expand(x.id, shape, acc) for x in a[1:])
+            return b.apply(ops.BinaryOp(_enum(Binary, a[0])), [left, right])
+        if node.op == "SClamp":
+            return b.apply(ops.Clamp(a[1], a[2]), [self._expand(a[0].id, shape, acc)])
+        if node.op == "SCast":
+            return b.cast(self._expand(a[0].id, shape, acc), DType[a[1]])
+        assert node.op == "SWhere", node.op
+        parts = [self._expand(x.id, shape, acc) for x in a]
+        return b.apply(ops.Where(), parts)
 
     def _fold(self, op: ops.Op, inputs: list[Value]) -> Value:
         arrays = [_constant_array(v) for v in inputs]
@@ -169,14 +233,29 @@ DECODERS: dict[str, Decoder] = {
 }
 
 
+@dataclass
+class Rebuilt:
+    """An extraction as an IR graph.
+
+    Attributes:
+        graph: The graph, with the original's inputs and output names.
+        kernel_of: For nodes a fused kernel was written out into: that kernel's class.
+        class_of: Each node's e-class where it is the chosen node's own op.
+    """
+
+    graph: Graph
+    kernel_of: dict[int, int]
+    class_of: dict[int, int]
+
+
 def rebuild_graph(
     data: EGraphData,
     tables: TermTables,
     choice: dict[int, ENode],
     roots: Sequence[int],
     original: Graph,
-) -> Graph:
-    """The IR graph of an extraction, with the original's inputs and output names.
+) -> Rebuilt:
+    """The IR graph of an extraction; fused kernels are written out as their ops.
 
     Raises:
         OptimizeError: If a chosen node does not type-check as its class says (an unsound
@@ -189,5 +268,7 @@ def rebuild_graph(
     for before, after in zip(original.outputs, graph.outputs, strict=True):
         if before.type != after.type:
             raise OptimizeError(f"optimized output has type {after.type}, not {before.type}")
-    return graph
+    class_of = {id(v.producer): c for c, v in rebuilder.values.items()}
+    kernel_of = {k: int(v) for k, v in rebuilder.builder.scopes.items()}  # type: ignore[call-overload]
+    return Rebuilt(graph, kernel_of, class_of)
 

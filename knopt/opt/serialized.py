@@ -20,6 +20,13 @@ class Ref:
 
 
 @dataclass(frozen=True, slots=True)
+class SRef:
+    """A reference to a scalar-body e-class (sort `S`) by its id."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
 class ENode:
     """One e-node of a tensor class: a constructor applied to decoded arguments."""
 
@@ -55,16 +62,54 @@ class EGraphData:
     folds: set[int] = field(default_factory=set)
     handles: dict[int, int] = field(default_factory=dict)
     relations: dict[str, set[int]] = field(default_factory=dict)
+    scalars: dict[int, list[ENode]] = field(default_factory=dict)
+    _loads: dict[int, frozenset[int]] = field(default_factory=dict)
 
     def node_count(self) -> int:
         """How many tensor e-nodes there are."""
         return sum(len(nodes) for nodes in self.classes.values())
 
+    def body(self, sid: int) -> ENode:
+        """The node that spells scalar class `sid`: a constant if it is one, else the first."""
+        nodes = self.scalars[sid]
+        for node in nodes:
+            if node.op == "SConst":
+                return node
+        return nodes[0]
+
+    def loads(self, sid: int) -> frozenset[int]:
+        """The tensor classes a scalar body reads."""
+        if sid not in self._loads:
+            found: set[int] = set()
+            stack = [sid]
+            seen: set[int] = set()
+            while stack:
+                current = stack.pop()
+                if current in seen:
+                    continue
+                seen.add(current)
+                node = self.body(current)
+                for arg in node.args:
+                    if isinstance(arg, Ref):
+                        found.add(arg.id)
+                    elif isinstance(arg, SRef):
+                        stack.append(arg.id)
+            self._loads[sid] = frozenset(found)
+        return self._loads[sid]
+
+    def children(self, node: ENode) -> list[int]:
+        """The tensor classes a node needs: its tensor arguments and what its bodies load."""
+        found = node.children()
+        for arg in node.args:
+            if isinstance(arg, SRef):
+                found.extend(sorted(self.loads(arg.id)))
+        return found
+
 
 _PRIMITIVES = {"i64": int, "f64": float, "bool": lambda text: text == "true"}
 
 
-def parse_egraph(text: str, tensor_sort: str = "T") -> EGraphData:
+def parse_egraph(text: str, tensor_sort: str = "T", scalar_sort: str = "S") -> EGraphData:
     """Decode egglog's serialized JSON."""
     raw = json.loads(text)
     nodes: dict[str, dict[str, Any]] = raw["nodes"]
@@ -73,7 +118,9 @@ def parse_egraph(text: str, tensor_sort: str = "T") -> EGraphData:
     # constructor (analysis rows such as `(shape x)` live in those classes too).
     spelling: dict[str, str] = {}
     for node_id, node in nodes.items():
-        if sorts[node["eclass"]] != tensor_sort and _spells_value(node_id, node, nodes, sorts):
+        if sorts[node["eclass"]] not in (tensor_sort, scalar_sort) and _spells_value(
+            node_id, node, nodes, sorts
+        ):
             spelling.setdefault(node["eclass"], node_id)
     cache: dict[str, Any] = {}
 
@@ -83,6 +130,8 @@ def parse_egraph(text: str, tensor_sort: str = "T") -> EGraphData:
         sort = sorts[eclass]
         if sort == tensor_sort:
             value: Any = Ref(int(eclass.rsplit("-", 1)[1]))
+        elif sort == scalar_sort:
+            value = SRef(int(eclass.rsplit("-", 1)[1]))
         else:
             node = nodes[spelling[eclass]]
             if sort in _PRIMITIVES:
@@ -98,6 +147,7 @@ def parse_egraph(text: str, tensor_sort: str = "T") -> EGraphData:
 
     data = EGraphData()
     classes: dict[int, list[ENode]] = defaultdict(list)
+    scalars: dict[int, list[ENode]] = defaultdict(list)
     relations: dict[str, set[int]] = defaultdict(set)
     for node in nodes.values():
         sort = sorts[node["eclass"]]
@@ -109,6 +159,8 @@ def parse_egraph(text: str, tensor_sort: str = "T") -> EGraphData:
                 data.handles[args[0]] = cid
             elif not node.get("subsumed", False):
                 classes[cid].append(ENode(op, tuple(args)))
+        elif sort == scalar_sort:
+            scalars[value_of(node["eclass"]).id].append(ENode(op, tuple(args)))
         elif len(args) == 1 and isinstance(args[0], Ref):
             if op == "shape":
                 data.shapes[args[0].id] = value_of(node["eclass"])
@@ -117,6 +169,7 @@ def parse_egraph(text: str, tensor_sort: str = "T") -> EGraphData:
             elif sort.startswith("@"):
                 relations[op].add(args[0].id)
     data.classes = dict(classes)
+    data.scalars = dict(scalars)
     data.relations = dict(relations)
     data.folds = data.relations.get("folds", set())
     return data

@@ -16,14 +16,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx.backend.test
 import pytest
 from onnx.backend.test.loader import load_model_tests
 
+from knopt.errors import KnoptError
 from knopt.onnx.backend import KnoptBackend
-
-MIN_OPSET = 7
+from knopt.onnx.load import MIN_OPSET
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,9 @@ EXCLUDED: tuple[Exclusion, ...] = (
         "output shapes that depend on input values: knopt graphs have static (or symbolic) shapes",
         r"test_(nonzero.*|compress_.*|unique_.*|nonmaxsuppression_.*)",
     ),
-    Exclusion("image decoding: the input is an encoded file, not a tensor", r"test_image_decoder_.*"),
+    Exclusion(
+        "image decoding: the input is an encoded file, not a tensor", r"test_image_decoder_.*"
+    ),
     Exclusion(
         f"ONNX opset below {MIN_OPSET}: knopt reads opset {MIN_OPSET} and newer",
         below_opset=MIN_OPSET,
@@ -119,9 +122,9 @@ def excluded_names(names: Iterable[str], opsets: dict[str, int]) -> dict[str, st
     chosen: dict[str, str] = {}
     for name in names:
         for rule in EXCLUDED:
-            if rule.names and re.fullmatch(rule.names, name):
-                chosen[name] = rule.reason
-            elif rule.below_opset and 0 < opsets.get(name, MIN_OPSET) < rule.below_opset:
+            by_name = bool(rule.names) and re.fullmatch(rule.names, name) is not None
+            by_opset = 0 < opsets.get(name, MIN_OPSET) < rule.below_opset
+            if by_name or by_opset:
                 chosen[name] = rule.reason
     return chosen
 
@@ -166,3 +169,30 @@ def test_every_exclusion_and_expected_failure_names_an_existing_case() -> None:
         if rule.names:
             assert any(re.fullmatch(rule.names, name) for name in opsets), rule.reason
     assert set(XFAIL) <= set(opsets)
+
+
+def _reshape_model() -> onnx.ModelProto:
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
+    shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"])
+    graph = helper.make_graph([node], "reshape", [x, shape], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+def test_backend_fixes_shape_inputs_at_run_time_and_keeps_one_graph_per_value() -> None:
+    rep = KnoptBackend.prepare(_reshape_model(), "CPU")
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    for shape in ([3, 4], [4, 3], [3, 4]):
+        (y,) = rep.run([x, np.array(shape, np.int64)])
+        np.testing.assert_array_equal(y, x.reshape(shape))
+    assert len(rep._sessions) == 2
+
+
+def test_backend_runs_on_cpu_only() -> None:
+    assert KnoptBackend.supports_device("CPU")
+    assert not KnoptBackend.supports_device("CUDA")
+    with pytest.raises(KnoptError, match="CPU"):
+        KnoptBackend.prepare(_reshape_model(), "CUDA")

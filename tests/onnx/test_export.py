@@ -346,6 +346,18 @@ def test_dilated_average_pool_needs_opset_19(rng: np.random.Generator) -> None:
     assert_same(run_onnxruntime(save_onnx(graph, opset=19), feeds), run_knopt(graph, feeds))
 
 
+def test_attention_exports(rng: np.random.Generator) -> None:
+    from knopt.ir.op import Attention
+
+    b = GraphBuilder("case")
+    q, k, v = (b.input(name, (2, 3, 5, 4), F32) for name in "qkv")
+    bias = b.constant(np.triu(np.full((2, 3, 5, 5), -1e9, np.float32), k=1))
+    b.output(b.apply(Attention(0.5), [q, k, v, bias]), "y")
+    graph = b.build()
+    feeds = {name: random_array(rng, (2, 3, 5, 4), F32) for name in "qkv"}
+    assert_same(run_onnxruntime(save_onnx(graph), feeds), run_knopt(graph, feeds))
+
+
 # ---- symbolic sizes ------------------------------------------------------------------------
 
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
-from knopt.ir import op as ops
 from knopt.ir.op import Binary, Reduction, Unary
 from knopt.ir.shape import Dim, exact_div
 from knopt.onnx.context import ImportContext, OnnxValue, importer
-from knopt.onnx.ops.common import scalar_like
+from knopt.onnx.ops.common import scalar_like, static_dim
 
 _QK_MODES = (0, 1, 2, 3)  # raw (softcapped) scores, the same, scores + bias, probabilities
 
@@ -222,7 +222,11 @@ def _attention(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | Non
     bias = _bias(ctx, spec, mask, dtype, (q_len, kv_len, past_len), nonpad)
     k = repeat_heads(ctx, k, q.shape[1])  # type: ignore[arg-type]
     v = repeat_heads(ctx, v, q.shape[1])  # type: ignore[arg-type]
-    scale = spec.scale if spec.scale is not None else 1 / np.sqrt(_static(ctx, q.shape[3]))
+    scale = (
+        spec.scale
+        if spec.scale is not None
+        else 1 / np.sqrt(static_dim(ctx, q.shape[3], "the default scale"))
+    )
     root = scalar_like(ctx, q, float(np.sqrt(scale)))
     scores = b.matmul(b.mul(q, root), b.permute(b.mul(k, root), (0, 1, 3, 2)))
     if spec.softcap > 0:
@@ -245,12 +249,6 @@ def _attention(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | Non
     return [y, present_key, present_value, b.cast(exposed, dtype)]
 
 
-def _static(ctx: ImportContext, dim: Dim) -> int:
-    if not isinstance(dim, int):
-        raise ctx.fail("Attention without a scale needs a static head size")
-    return dim
-
-
 @importer("FlexAttention", since=1, domain="ai.onnx.preview")
 def _flex_attention(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     q, k, v = ctx.inputs(node, count=3)
@@ -259,9 +257,18 @@ def _flex_attention(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]
     precision = attrs.int("softmax_precision", 0)
     if q.rank != 4 or k.rank != 4 or v.rank != 4:
         raise ctx.fail("FlexAttention needs rank-4 Q, K and V")
-    scale = attrs.float("scale") if attrs.has("scale") else 1 / np.sqrt(_static(ctx, q.shape[3]))
-    softmax_dtype = (DType.from_onnx(precision, ctx.where) if precision
-                     else DType.F64 if q.dtype is DType.F64 else DType.F32)
+    scale = (
+        attrs.float("scale")
+        if attrs.has("scale")
+        else 1 / np.sqrt(static_dim(ctx, q.shape[3], "the default scale"))
+    )
+    softmax_dtype = (
+        DType.from_onnx(precision, ctx.where)
+        if precision
+        else DType.F64
+        if q.dtype is DType.F64
+        else DType.F32
+    )
     b = ctx.builder
     k = repeat_heads(ctx, k, q.shape[1])  # type: ignore[arg-type]
     v = repeat_heads(ctx, v, q.shape[1])  # type: ignore[arg-type]

@@ -76,3 +76,14 @@ def float_dtype(ctx: ImportContext, x: Value, what: str) -> DType:
     if not x.dtype.is_float:
         raise ctx.fail(f"{what} needs a float input, got {x.dtype.short}")
     return x.dtype
+
+
+def static_dim(ctx: ImportContext, dim: Dim, what: str) -> int:
+    """`dim` as an integer.
+
+    Raises:
+        UnsupportedModelError: If it is symbolic: `what` needs a static size.
+    """
+    if not isinstance(dim, int):
+        raise ctx.fail(f"{what} needs a static size, got {dim}; fix it when loading (dims=...)")
+    return dim

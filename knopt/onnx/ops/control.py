@@ -54,7 +54,9 @@ def import_subgraph(
         ctx.builder.current_name = outer_name
 
 
-def _known_scalar(ctx: ImportContext, value: OnnxValue | None, name: str, what: str) -> object:
+def _known_scalar(
+    ctx: ImportContext, value: OnnxValue | None, name: str, what: str
+) -> int | float | bool | None:
     """The single element of a known value, or an error saying it must be known."""
     if value is None:
         return None
@@ -160,7 +162,9 @@ def _scan(
     axes = [axis_of(ctx, a, x.rank) for a, x in zip(input_axes, inputs, strict=True)]
     lengths = {x.shape[a] for a, x in zip(axes, inputs, strict=True)}
     if len(lengths) != 1 or not isinstance(length := lengths.pop(), int):
-        raise ctx.fail(f"Scan inputs need one static sequence length, got {sorted(map(str, lengths))}")
+        raise ctx.fail(
+            f"Scan inputs need one static sequence length, got {sorted(map(str, lengths))}"
+        )
     b = ctx.builder
     collected: list[list[OnnxValue]] = [[] for _ in range(output_count)]
     for step in range(length):

@@ -28,8 +28,10 @@ def _parse(ctx: ImportContext, equation: str, ranks: list[int]) -> tuple[list[st
     if len(terms) != len(ranks):
         raise ctx.fail(f"Einsum '{equation}' names {len(terms)} operands, got {len(ranks)}")
     spare = [c for c in _LETTERS if c not in equation]
-    widest = max((r - len(t.replace("...", "")) for t, r in zip(terms, ranks, strict=True)
-                  if "..." in t), default=0)
+    widest = max(
+        (r - len(t.replace("...", "")) for t, r in zip(terms, ranks, strict=True) if "..." in t),
+        default=0,
+    )
     ellipsis = "".join(spare[:widest])
     spelled = []
     for term, rank in zip(terms, ranks, strict=True):
@@ -43,7 +45,9 @@ def _parse(ctx: ImportContext, equation: str, ranks: list[int]) -> tuple[list[st
         output = right.replace("...", ellipsis)
     else:
         counts = {c: "".join(spelled).count(c) for c in set("".join(spelled))}
-        output = ellipsis + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ellipsis))
+        output = ellipsis + "".join(
+            sorted(c for c, n in counts.items() if n == 1 and c not in ellipsis)
+        )
     return spelled, output
 
 
@@ -60,7 +64,9 @@ def _diagonal(ctx: ImportContext, x: Value, term: str) -> tuple[Value, str]:
         size = x.shape[first]
         moved = b.permute(x, [*rest, first, second])
         merged = b.view(moved, (*moved.shape[:-2], size * size))
-        diagonal = b.slice(merged, axis=merged.rank - 1, start=0, stop=size * size, step=_step(ctx, size))
+        diagonal = b.slice(
+            merged, axis=merged.rank - 1, start=0, stop=size * size, step=_step(ctx, size)
+        )
         x = diagonal
         term = "".join(term[i] for i in rest) + repeated
 

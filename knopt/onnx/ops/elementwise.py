@@ -354,8 +354,10 @@ def _clip(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _is_known(ctx: ImportContext, node: onnx.NodeProto, index: int) -> bool:
     from knopt.onnx.context import Known
 
-    return index < len(node.input) and bool(node.input[index]) and isinstance(
-        ctx.lookup(node.input[index]), Known
+    return (
+        index < len(node.input)
+        and bool(node.input[index])
+        and isinstance(ctx.lookup(node.input[index]), Known)
     )
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from knopt.ir.op import PadMode, ScatterReduction
 from knopt.ir.graph import Value
+from knopt.ir.op import PadMode, ScatterReduction
 from knopt.ir.shape import Shape, numel
 from knopt.onnx.context import ImportContext, OnnxValue, importer
-from knopt.onnx.ops.common import axes_of
+from knopt.onnx.ops.common import axes_of, static_dim
 from knopt.onnx.ops.indexing import gather_elements, wrapped_indices
 from knopt.onnx.ops.nn import PoolWindow
 from knopt.onnx.ops.tensor import pad_signed
@@ -32,11 +32,15 @@ def col2im_positions(
     """Flat positions in the padded image of every `[block offset, window]` column entry."""
     k = len(image)
     padded = [image[i] + pads[i] + pads[i + k] for i in range(k)]
-    windows = [(padded[i] - (dilations[i] * (block[i] - 1) + 1)) // strides[i] + 1 for i in range(k)]
+    windows = [
+        (padded[i] - (dilations[i] * (block[i] - 1) + 1)) // strides[i] + 1 for i in range(k)
+    ]
     offsets = np.indices(block).reshape(k, -1)  # [k, prod(block)]
     starts = np.indices(windows).reshape(k, -1)  # [k, prod(windows)]
-    coords = (offsets[:, :, None] * np.array(dilations)[:, None, None]
-              + starts[:, None, :] * np.array(strides)[:, None, None])
+    coords = (
+        offsets[:, :, None] * np.array(dilations)[:, None, None]
+        + starts[:, None, :] * np.array(strides)[:, None, None]
+    )
     flat = np.ravel_multi_index(tuple(coords), padded)
     return flat.reshape(-1), padded
 
@@ -53,7 +57,8 @@ def _col2im(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     positions, padded = col2im_positions(image, block, strides, pads, dilations)
     n, columns, length = x.shape
     per_block = int(np.prod(block))
-    if not isinstance(columns, int) or columns % per_block or positions.size != per_block * length:
+    columns = static_dim(ctx, columns, "Col2Im")
+    if columns % per_block or positions.size != per_block * static_dim(ctx, length, "Col2Im"):
         raise ctx.fail(f"Col2Im input {x.type} does not fit image {image} and block {block}")
     channels = columns // per_block
     b = ctx.builder
@@ -62,7 +67,7 @@ def _col2im(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     canvas = b.scalar(0, x.dtype, (n, channels, int(np.prod(padded))))
     summed = b.scatter(canvas, indices, updates, axis=2, reduction=ScatterReduction.ADD)
     y = b.view(summed, (n, channels, *padded))
-    widths = [(0, 0), (0, 0)] + [(-pads[i], -pads[i + k]) for i in range(k)]
+    widths = [(0, 0), (0, 0), *((-pads[i], -pads[i + k]) for i in range(k))]
     return [pad_signed(ctx, y, widths, PadMode.CONSTANT, 0.0)]
 
 
@@ -93,23 +98,18 @@ def _max_unpool(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     k = len(kernel)
     strides = attrs.ints("strides", [1] * k)
     pads = attrs.ints("pads", [0] * (2 * k))
-    dims = [x.shape[2 + i] for i in range(k)]
-    if not all(isinstance(d, int) for d in (*dims, x.shape[0], x.shape[1])):
-        raise ctx.fail("MaxUnpool needs static sizes")
-    inferred = [
-        (int(dims[i]) - 1) * strides[i] - (pads[i] + pads[i + k]) + kernel[i]  # type: ignore[operator]
-        for i in range(k)
-    ]
-    full = (x.shape[0], x.shape[1], *inferred)
+    n, c, *dims = (static_dim(ctx, d, "MaxUnpool") for d in x.shape)
+    inferred = [(dims[i] - 1) * strides[i] - (pads[i] + pads[i + k]) + kernel[i] for i in range(k)]
+    full = (n, c, *inferred)
     b = ctx.builder
-    total = int(np.prod(full))  # type: ignore[arg-type]
+    total = int(np.prod(full))
     flat_x = b.view(x, (numel(x.shape),))
     places = wrapped_indices(ctx, b.view(indices, (numel(indices.shape),)), total)
     canvas = b.scalar(0, x.dtype, (total,))
     y = b.view(b.scatter(canvas, places, flat_x, axis=0), full)
     if len(node.input) > 2 and node.input[2]:
         target = _ints(ctx, node, 2, "output_shape")
-        widths = [(0, t - int(d)) for t, d in zip(target, full, strict=True)]  # type: ignore[call-overload]
+        widths = [(0, t - d) for t, d in zip(target, full, strict=True)]
         y = pad_signed(ctx, y, widths, PadMode.CONSTANT, 0.0)
     return [y]
 
@@ -117,8 +117,10 @@ def _max_unpool(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _window_table(
     sizes: tuple[int, ...], window: PoolWindow, out: tuple[int, ...], column_major: bool
 ) -> tuple[np.ndarray, np.ndarray]:
-    """For every output position and kernel tap `[O, K]`: the spatial index it reads (row- or
-    column-major) and whether that tap lies inside the input."""
+    """The spatial index (row- or column-major) each output position and tap `[O, K]` reads.
+
+    Returns the indices and whether each tap lies inside the input.
+    """
     k = len(sizes)
     outs = np.indices(out).reshape(k, -1)  # [k, O]
     taps = np.indices(window.kernel).reshape(k, -1)  # [k, K]
@@ -139,12 +141,9 @@ def max_pool_indices(
 ) -> Value:
     """MaxPool's Indices output: the flat position in `x` of each window's first maximum."""
     b = ctx.builder
-    n, c, *spatial = x.shape
-    dims = [d for d in (n, c, *spatial, *out) if not isinstance(d, int)]
-    if dims:
-        raise ctx.fail("MaxPool's Indices output needs static sizes")
-    sizes = tuple(int(d) for d in spatial)  # type: ignore[call-overload]
-    outputs = tuple(int(d) for d in out)  # type: ignore[call-overload]
+    n, c, *spatial = (static_dim(ctx, d, "MaxPool's Indices") for d in x.shape)
+    sizes = tuple(spatial)
+    outputs = tuple(static_dim(ctx, d, "MaxPool's Indices") for d in out)
     row_major, inside = _window_table(sizes, window, outputs, False)
     stored, _ = _window_table(sizes, window, outputs, column_major)
     count, taps = row_major.shape
@@ -154,9 +153,10 @@ def max_pool_indices(
     lowest = -np.inf if x.dtype.is_float else float(np.iinfo(x.dtype.numpy).min)
     values = b.where(b.constant(inside), values, b.scalar(lowest, x.dtype))
     best = b.arg_reduce(values, axis=3)  # [N, C, O, 1], the first maximum
-    table = b.broadcast(b.constant(stored.astype(np.int64).reshape(1, 1, count, taps)),
-                        (n, c, count, taps))
+    table = b.broadcast(
+        b.constant(stored.astype(np.int64).reshape(1, 1, count, taps)), (n, c, count, taps)
+    )
     spatial_index = gather_elements(ctx, table, best, 3)
-    planes = b.view(b.iota(int(n) * int(c)), (n, c, 1, 1))  # type: ignore[call-overload]
+    planes = b.view(b.iota(n * c), (n, c, 1, 1))
     index = b.add(b.mul(planes, b.constant(np.array(total, np.int64))), spatial_index)
     return b.view(index, (n, c, *outputs))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.op import Binary, ScatterReduction
-from knopt.ir import op as ops
 from knopt.ir.shape import Dim, Shape, numel
 from knopt.onnx.context import ImportContext, OnnxValue, importer
 from knopt.onnx.ops.common import axis_of
@@ -44,7 +44,9 @@ def _static_shape(ctx: ImportContext, value: Value, what: str) -> tuple[int, ...
     return tuple(int(d) for d in value.shape)  # type: ignore[arg-type]
 
 
-def _flat_element_indices(ctx: ImportContext, indices: Value, data_shape: Shape, axis: int) -> Value:
+def _flat_element_indices(
+    ctx: ImportContext, indices: Value, data_shape: Shape, axis: int
+) -> Value:
     """Flat positions in `data` of ScatterElements/GatherElements index tensors.
 
     Position `(i0, ..., ik)` of `indices` addresses `data` at the same coordinates except on
@@ -54,7 +56,9 @@ def _flat_element_indices(ctx: ImportContext, indices: Value, data_shape: Shape,
     b = ctx.builder
     rank = indices.rank
     strides: list[Dim] = [numel(data_shape[d + 1 :]) for d in range(rank)]
-    position = b.mul(wrapped_indices(ctx, indices, data_shape[axis]), _size_value(ctx, strides[axis]))
+    position = b.mul(
+        wrapped_indices(ctx, indices, data_shape[axis]), _size_value(ctx, strides[axis])
+    )
     for d in range(rank):
         if d == axis or indices.shape[d] == 1:
             continue  # a size-1 axis only ever has coordinate 0
@@ -105,8 +109,12 @@ def _nd_positions(ctx: ImportContext, data: Value, indices: Value, batch_dims: i
     strides = np.cumprod((1, *addressed[::-1]))[:-1][::-1]
     position = None
     for i in range(k):
-        column = b.view(b.slice(indices, axis=indices.rank - 1, start=i, stop=i + 1), index_shape[:-1])
-        term = b.mul(wrapped_indices(ctx, column, addressed[i]), b.constant(np.array(strides[i], np.int64)))
+        column = b.view(
+            b.slice(indices, axis=indices.rank - 1, start=i, stop=i + 1), index_shape[:-1]
+        )
+        term = b.mul(
+            wrapped_indices(ctx, column, addressed[i]), b.constant(np.array(strides[i], np.int64))
+        )
         position = term if position is None else b.add(position, term)
     if position is None:
         position = b.constant(np.zeros(index_shape[:-1], np.int64))

@@ -14,7 +14,7 @@ from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.op import Binary, Reduction, Unary
 from knopt.onnx.context import ImportContext, OnnxValue, importer
-from knopt.onnx.ops.common import scalar_like
+from knopt.onnx.ops.common import scalar_like, static_dim
 
 _REDUCTIONS = ("none", "sum", "mean")
 
@@ -43,6 +43,12 @@ def _nll(
     """The loss `-weight[t] * log_prob[n, t, ...]` with its reduction applied.
 
     Args:
+        ctx: The import context.
+        log_prob: Log-probabilities `[N, C, ...]`.
+        target: Class indices `[N, ...]`.
+        weight: Per-class weights `[C]`, or None.
+        ignore_index: A target value that contributes nothing, or None.
+        reduction: "none", "sum" or "mean".
         weigh_ignored: Whether an unweighted mean counts only the positions that are not
             ignored (SoftmaxCrossEntropyLoss, and NegativeLogLikelihoodLoss unless its
             ignore_index is -1, as the ONNX reference does).
@@ -57,7 +63,9 @@ def _nll(
     weights = None
     if weight is not None:
         last = weight.shape[0] - 1
-        safe = b.clamp(b.cast(target, DType.I64), lo=0, hi=float(_static(ctx, last)))
+        safe = b.clamp(
+            b.cast(target, DType.I64), lo=0, hi=float(static_dim(ctx, last, "the class count"))
+        )
         weights = b.gather(weight, safe, axis=0)
     elif ignored is not None and weigh_ignored:
         weights = b.scalar(1.0, loss.dtype, loss.shape)
@@ -73,14 +81,8 @@ def _nll(
         return total
     if weights is not None:
         return b.div(total, b.view(b.reduce(Reduction.SUM, weights, axes=axes), ()))
-    count = int(np.prod([_static(ctx, d) for d in loss.shape]))
+    count = int(np.prod([static_dim(ctx, d, "a mean loss") for d in loss.shape]))
     return b.div(total, scalar_like(ctx, total, count))
-
-
-def _static(ctx: ImportContext, dim: object) -> int:
-    if not isinstance(dim, int):
-        raise ctx.fail("this loss needs static sizes here")
-    return dim
 
 
 def _options(ctx: ImportContext, node: onnx.NodeProto) -> tuple[int | None, str]:

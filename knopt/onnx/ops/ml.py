@@ -1,5 +1,6 @@
-"""Importers of classic machine-learning ops: TfIdfVectorizer (default domain) and the
-`ai.onnx.ml` ops Binarizer, ArrayFeatureExtractor and TreeEnsemble.
+"""Importers of classic machine-learning ops: TfIdfVectorizer and some `ai.onnx.ml` ops.
+
+The `ai.onnx.ml` ones are Binarizer, ArrayFeatureExtractor and TreeEnsemble.
 
 Their tables (n-gram pools, trees) are attributes, so they unfold into comparisons: an n-gram
 count is a sum of matches over the sliding positions, and a tree ensemble is, per leaf, the
@@ -14,8 +15,9 @@ import onnx
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.op import Binary, Reduction, Unary
+from knopt.ir.shape import numel
 from knopt.onnx.context import Attributes, ImportContext, OnnxValue, importer
-from knopt.onnx.ops.common import scalar_like
+from knopt.onnx.ops.common import scalar_like, static_dim
 
 ML = "ai.onnx.ml"
 
@@ -41,14 +43,17 @@ def _count(ctx: ImportContext, x: Value, grams: np.ndarray, distance: int) -> Va
     """How often each n-gram `[G, n]` occurs in each row of `x [N, C]` with this spacing."""
     b = ctx.builder
     count, size = grams.shape
-    length = int(x.shape[1]) - (size - 1) * distance  # type: ignore[call-overload]
+    length = static_dim(ctx, x.shape[1], "TfIdfVectorizer") - (size - 1) * distance
     if length <= 0:
         return None
     match = None
     for j in range(size):
         window = b.slice(x, axis=1, start=j * distance, stop=j * distance + length)
-        hits = b.binary(Binary.EQUAL, b.view(window, (x.shape[0], length, 1)),
-                        b.constant(grams[:, j].astype(x.dtype.numpy)))
+        hits = b.binary(
+            Binary.EQUAL,
+            b.view(window, (x.shape[0], length, 1)),
+            b.constant(grams[:, j].astype(x.dtype.numpy)),
+        )
         match = hits if match is None else b.binary(Binary.AND, match, hits)
     assert match is not None
     return b.view(b.reduce(Reduction.SUM, b.cast(match, DType.F32), axes=[1]), (x.shape[0], count))
@@ -104,21 +109,28 @@ def _array_feature_extractor(ctx: ImportContext, node: onnx.NodeProto) -> list[O
     x, indices = ctx.inputs(node, count=2)
     ctx.attributes(node)
     b = ctx.builder
-    flat = b.view(indices, (int(np.prod([int(d) for d in indices.shape])),))  # type: ignore[call-overload]
+    flat = b.view(indices, (numel(indices.shape),))
     picked = b.gather(x, flat, axis=x.rank - 1)
     return [picked if x.rank > 1 else b.view(picked, (1, flat.shape[0]))]
 
 
 # nodes_modes codes: 0 <=, 1 <, 2 >=, 3 >, 4 ==, 5 !=, 6 set membership.
-_COMPARE = {0: Binary.LESS_EQUAL, 1: Binary.LESS, 2: Binary.GREATER_EQUAL, 3: Binary.GREATER,
-            4: Binary.EQUAL}
+_COMPARE = {
+    0: Binary.LESS_EQUAL,
+    1: Binary.LESS,
+    2: Binary.GREATER_EQUAL,
+    3: Binary.GREATER,
+    4: Binary.EQUAL,
+}
 
 
 def _decision(ctx: ImportContext, x: Value, node: int, tree: dict[str, list]) -> Value:
     """Whether each row of `x` takes the true branch at tree node `node`."""
     b = ctx.builder
-    column = b.view(b.slice(x, axis=1, start=tree["features"][node],
-                            stop=tree["features"][node] + 1), (x.shape[0],))
+    column = b.view(
+        b.slice(x, axis=1, start=tree["features"][node], stop=tree["features"][node] + 1),
+        (x.shape[0],),
+    )
     mode = tree["modes"][node]
     if mode == 6:  # set membership
         members = b.constant(np.array(tree["members"][node], x.dtype.numpy))
@@ -126,7 +138,9 @@ def _decision(ctx: ImportContext, x: Value, node: int, tree: dict[str, list]) ->
         taken = b.cast(b.reduce(Reduction.MAX, b.cast(hits, DType.U8), axes=[1]), DType.BOOL)
         taken = b.view(taken, (x.shape[0],))
     elif mode == 5:
-        taken = b.unary(Unary.NOT, b.binary(Binary.EQUAL, column, scalar_like(ctx, x, tree["splits"][node])))
+        taken = b.unary(
+            Unary.NOT, b.binary(Binary.EQUAL, column, scalar_like(ctx, x, tree["splits"][node]))
+        )
     else:
         taken = b.binary(_COMPARE[mode], column, scalar_like(ctx, x, tree["splits"][node]))
     if tree["missing"][node]:
@@ -134,7 +148,9 @@ def _decision(ctx: ImportContext, x: Value, node: int, tree: dict[str, list]) ->
     return taken
 
 
-def _leaves(ctx: ImportContext, x: Value, tree: dict[str, list], root: int) -> list[tuple[int, Value | None]]:
+def _leaves(
+    ctx: ImportContext, x: Value, tree: dict[str, list], root: int
+) -> list[tuple[int, Value | None]]:
     """Every leaf under `root` with the condition (per row) of reaching it."""
     found: list[tuple[int, Value | None]] = []
     stack: list[tuple[int, bool, Value | None]] = [(root, False, None)]
@@ -151,15 +167,9 @@ def _leaves(ctx: ImportContext, x: Value, tree: dict[str, list], root: int) -> l
     return found
 
 
-@importer("TreeEnsemble", since=5, domain=ML)
-def _tree_ensemble(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
-    (x,) = ctx.inputs(node, count=1)
-    attrs = ctx.attributes(node)
-    aggregate = attrs.int("aggregate_function", 1)
-    if attrs.int("post_transform", 0) != 0 or aggregate not in (0, 1, 2, 3):
-        raise ctx.fail("TreeEnsemble post_transform must be NONE")
+def _tree_tables(attrs: Attributes) -> dict[str, list]:
+    """The node tables of a TreeEnsemble, by name; membership sets by node index."""
     splits = attrs.tensor("nodes_splits")
-    weights = attrs.tensor("leaf_weights")
     membership = attrs.tensor("membership_values")
     mode_table = attrs.tensor("nodes_modes")
     modes = [] if mode_table is None else [int(m) for m in mode_table.reshape(-1)]
@@ -168,7 +178,8 @@ def _tree_ensemble(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         sets = np.split(membership, np.where(np.isnan(membership))[0] + 1)
         for index, values in zip([i for i, m in enumerate(modes) if m == 6], sets, strict=False):
             members[index] = [v for v in values.tolist() if v == v]
-    tree = {
+    attrs.skip("nodes_hitrates")  # statistics for runtimes; no effect on the result
+    return {
         "splits": [] if splits is None else splits.tolist(),
         "features": attrs.ints("nodes_featureids"),
         "modes": modes,
@@ -177,27 +188,41 @@ def _tree_ensemble(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         "true_leafs": attrs.ints("nodes_trueleafs"),
         "false_leafs": attrs.ints("nodes_falseleafs"),
         "missing": attrs.ints("nodes_missing_value_tracks_true", [0] * len(modes)),
-        "members": members,
+        "members": members,  # type: ignore[dict-item]
     }
-    attrs.skip("nodes_hitrates")  # statistics for runtimes; no effect on the result
+
+
+@importer("TreeEnsemble", since=5, domain=ML)
+def _tree_ensemble(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
+    (x,) = ctx.inputs(node, count=1)
+    attrs = ctx.attributes(node)
+    aggregate = attrs.int("aggregate_function", 1)  # 0 average, 1 sum, 2 min, 3 max
+    if attrs.int("post_transform", 0) != 0 or aggregate not in (0, 1, 2, 3):
+        raise ctx.fail("TreeEnsemble post_transform must be NONE")
+    tree = _tree_tables(attrs)
+    weights = attrs.tensor("leaf_weights")
+    assert weights is not None, "leaf_weights is a required attribute"
     targets, roots = attrs.ints("leaf_targetids"), attrs.ints("tree_roots")
     count = attrs.int("n_targets")
     b = ctx.builder
     rows = x.shape[0]
-    fill = {0: 0.0, 1: 0.0, 2: float(np.finfo(x.dtype.numpy).max), 3: float(np.finfo(x.dtype.numpy).min)}
+    info = np.finfo(x.dtype.numpy)
+    fill = {0: 0.0, 1: 0.0, 2: float(info.max), 3: float(info.min)}
     result = b.scalar(fill[aggregate], x.dtype, (rows, count))
     for root in roots:
-        single = tree["true_leafs"][root] and tree["false_leafs"][root] and (
-            tree["true_ids"][root] == tree["false_ids"][root])
-        for leaf, path in ([(tree["true_ids"][root], None)] if single else _leaves(ctx, x, tree, root)):
-            value = float(weights[leaf]) / (len(roots) if aggregate == 0 else 1)  # type: ignore[index]
+        single = tree["true_leafs"][root] and tree["false_leafs"][root]
+        single = single and tree["true_ids"][root] == tree["false_ids"][root]
+        leaves = [(tree["true_ids"][root], None)] if single else _leaves(ctx, x, tree, root)
+        for leaf, path in leaves:
+            value = scalar_like(ctx, x, float(weights[leaf]) / (len(roots) if not aggregate else 1))
             hot = np.zeros((1, count), bool)
             hot[0, targets[leaf]] = True
-            reached = b.constant(hot) if path is None else b.binary(
-                Binary.AND, b.view(path, (rows, 1)), b.constant(hot))
+            reached = b.constant(hot)
+            if path is not None:
+                reached = b.binary(Binary.AND, b.view(path, (rows, 1)), reached)
             if aggregate in (0, 1):
-                result = b.add(result, b.where(reached, scalar_like(ctx, x, value), scalar_like(ctx, x, 0)))
+                result = b.add(result, b.where(reached, value, scalar_like(ctx, x, 0)))
             else:
                 kind = Binary.MIN if aggregate == 2 else Binary.MAX
-                result = b.where(reached, b.binary(kind, result, scalar_like(ctx, x, value)), result)
+                result = b.where(reached, b.binary(kind, result, value), result)
     return [result]

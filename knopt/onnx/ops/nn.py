@@ -104,8 +104,9 @@ def _conv_transpose(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]
     wt = b.view(wg, (groups * m_per_group, c_in // groups, *kernel))
     for i in range(spatial):
         wt = b.flip(wt, axis=2 + i)
-    y = b.conv(y, wt, strides=[1] * spatial, pads=((0, 0),) * spatial, dilations=dilations,
-               groups=groups)
+    y = b.conv(
+        y, wt, strides=[1] * spatial, pads=((0, 0),) * spatial, dilations=dilations, groups=groups
+    )
     if bias is not None:
         y = b.add(y, _per_channel(ctx, bias, y.rank))
     return [y]
@@ -168,7 +169,7 @@ def _pool(ctx: ImportContext, node: onnx.NodeProto, kind: PoolKind) -> list[Valu
     (x,) = ctx.inputs(node, count=1)
     attrs = ctx.attributes(node)
     kernel = attrs.ints("kernel_shape")
-    dilations_ok = kind is PoolKind.MAX and ctx.opset >= 10 or ctx.opset >= 19
+    dilations_ok = (kind is PoolKind.MAX and ctx.opset >= 10) or ctx.opset >= 19
     strides, pads, dilations = window_attributes(ctx, attrs, x, kernel, dilations_ok)
     ceil_mode = bool(attrs.int("ceil_mode", 0)) if ctx.opset >= 10 else False
     count_include_pad = bool(attrs.int("count_include_pad", 0)) if kind is PoolKind.AVG else False
@@ -246,8 +247,16 @@ def _lp_pool(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     ceil_mode = bool(attrs.int("ceil_mode", 0))
     b = ctx.builder
     powered = b.binary(Binary.POW, b.unary(Unary.ABS, x), scalar_like(ctx, x, p))
-    avg = b.pool(PoolKind.AVG, powered, kernel=kernel, strides=strides, pads=tuple(pads),
-                 dilations=dilations, ceil_mode=ceil_mode, count_include_pad=True)
+    avg = b.pool(
+        PoolKind.AVG,
+        powered,
+        kernel=kernel,
+        strides=strides,
+        pads=tuple(pads),
+        dilations=dilations,
+        ceil_mode=ceil_mode,
+        count_include_pad=True,
+    )
     total = b.mul(avg, scalar_like(ctx, x, int(np.prod(kernel))))
     return [b.binary(Binary.POW, total, scalar_like(ctx, x, 1.0 / p))]
 
@@ -268,8 +277,9 @@ def _batch_norm(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     attrs = ctx.attributes(node)
     eps = attrs.float("epsilon", 1e-5)
     if ctx.opset >= 14 and attrs.int("training_mode", 0):
-        return _batch_norm_training(ctx, (x, scale, bias, running_mean, running_var), eps,
-                                    attrs.float("momentum", 0.9))
+        return _batch_norm_training(
+            ctx, (x, scale, bias, running_mean, running_var), eps, attrs.float("momentum", 0.9)
+        )
     attrs.skip("momentum")
     if attrs.int("is_test", 1) == 0:
         raise ctx.fail("training-mode BatchNormalization before opset 14 is not supported")
@@ -394,7 +404,11 @@ def _lrn(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     (x,) = ctx.inputs(node, count=1)
     attrs = ctx.attributes(node)
     size = attrs.int("size")
-    alpha, beta, bias = attrs.float("alpha", 1e-4), attrs.float("beta", 0.75), attrs.float("bias", 1.0)
+    alpha, beta, bias = (
+        attrs.float("alpha", 1e-4),
+        attrs.float("beta", 0.75),
+        attrs.float("bias", 1.0),
+    )
     b = ctx.builder
     squared = b.mul(x, x)
     before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
@@ -439,7 +453,9 @@ def _matmul(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     return [matmul(ctx, a, w)]
 
 
-def _softmax_axis(ctx: ImportContext, node: onnx.NodeProto, x: Value) -> tuple[Value, int, tuple[Dim, ...]]:
+def _softmax_axis(
+    ctx: ImportContext, node: onnx.NodeProto, x: Value
+) -> tuple[Value, int, tuple[Dim, ...]]:
     """The input prepared for a single-axis softmax-like op, its axis and the final shape.
 
     Before opset 13 these ops flatten the input to 2-D at `axis` (default 1).
@@ -477,7 +493,9 @@ def _hardmax(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     b = ctx.builder
     best = b.arg_reduce(prepared, axis=axis)
     positions = b.iota(prepared.shape[axis], DType.I64)
-    positions = b.view(positions, tuple(d if i == axis else 1 for i, d in enumerate(prepared.shape)))
+    positions = b.view(
+        positions, tuple(d if i == axis else 1 for i, d in enumerate(prepared.shape))
+    )
     hot = b.binary(Binary.EQUAL, best, positions)
     return [b.view(b.cast(hot, x.dtype), shape)]
 

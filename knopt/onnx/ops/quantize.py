@@ -1,5 +1,7 @@
-"""Importers of ONNX quantization ops: (Dynamic)QuantizeLinear, DequantizeLinear and the integer
-and QLinear forms of MatMul and Conv.
+"""Importers of ONNX quantization ops.
+
+They are (Dynamic)QuantizeLinear, DequantizeLinear and the integer and QLinear forms of MatMul
+and Conv.
 
 All follow the ONNX reference implementation: integer products accumulate in int32, requantizing
 scales the int32 result in float64 (as numpy promotes `int32 * float32`), rounds half to even and
@@ -183,7 +185,11 @@ def _integer_conv(
             w_zero = b.view(w_zero, (w_zero.shape[0], *(1,) * (w.rank - 1)))
         weights = b.sub(weights, b.cast(w_zero, DType.I32))
     return b.conv(
-        x, weights, strides=strides, pads=tuple(pads), dilations=dilations,
+        x,
+        weights,
+        strides=strides,
+        pads=tuple(pads),
+        dilations=dilations,
         groups=attrs.int("group", 1),
     )
 
@@ -205,4 +211,3 @@ def _qlinear_conv(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         w_scale = b.view(w_scale, (w_scale.shape[0], *(1,) * (acc.rank - 2)))
     factor = b.div(b.mul(x_scale, w_scale), y_scale)
     return [_requantize(ctx, acc, factor, y_zero, y_zero.dtype if y_zero is not None else x.dtype)]
-

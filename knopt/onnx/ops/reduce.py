@@ -153,7 +153,7 @@ def _cumprod(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     if exclusive:
         covered &= j != i
     b = ctx.builder
-    spread = b.view(x, (*x.shape[: axis], 1, size, *x.shape[axis + 1 :]))
+    spread = b.view(x, (*x.shape[:axis], 1, size, *x.shape[axis + 1 :]))
     mask = b.constant(covered.reshape(size, size, *(1,) * (x.rank - axis - 1)))
     terms = b.where(mask, spread, scalar_like(ctx, x, 1))
     product = b.reduce(Reduction.PROD, terms, axes=[axis + 1])

@@ -11,7 +11,6 @@ weights are one-hot) is a single gather, which copies values exactly in any dtyp
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +21,7 @@ from knopt.ir.graph import Value
 from knopt.ir.op import Reduction, Unary
 from knopt.ir.shape import Dim, Sym
 from knopt.onnx.context import Attributes, ImportContext, OnnxValue, importer
-from knopt.onnx.ops.common import axes_of
+from knopt.onnx.ops.common import axes_of, static_dim
 
 _MODES = ("nearest", "linear", "cubic")
 _COORDINATE_MODES = (
@@ -113,7 +112,10 @@ def _antialias_weights(ratio: float, scale: float, interp: Interpolation) -> lis
     else:
         start = int(np.floor(-2 / scale) + 1)
         weights = np.array(
-            [_cubic_kernel(scale * (i - ratio), interp.cubic_coeff_a) for i in range(start, 2 - start)]
+            [
+                _cubic_kernel(scale * (i - ratio), interp.cubic_coeff_a)
+                for i in range(start, 2 - start)
+            ]
         )
     return list(weights / weights.sum())
 
@@ -135,6 +137,9 @@ def _source_coordinates(
     interp: Interpolation, in_size: int, out_size: int, scale: float, roi: tuple[float, float]
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Where each output position samples the input, and where tf_crop_and_resize extrapolates."""
+    # Where `scale * in_size` is not whole, onnxruntime divides by the integer resized length
+    # but the ONNX reference, and so the conformance suite, by the fractional one; knopt
+    # follows the reference.
     y = np.arange(out_size, dtype=np.float64)
     width = scale * in_size
     mode = interp.coordinate_mode
@@ -272,7 +277,9 @@ def _interpolation(ctx: ImportContext, attrs: Attributes) -> Interpolation:
     if ctx.opset < 11:
         return Interpolation(mode, "asymmetric", _LEGACY_NEAREST)
     coordinate_mode = attrs.string("coordinate_transformation_mode", "half_pixel")
-    allowed = _COORDINATE_MODES if ctx.opset >= 19 else _COORDINATE_MODES[:1] + _COORDINATE_MODES[2:]
+    allowed = (
+        _COORDINATE_MODES if ctx.opset >= 19 else _COORDINATE_MODES[:1] + _COORDINATE_MODES[2:]
+    )
     if coordinate_mode not in allowed:
         raise ctx.fail(
             f"coordinate_transformation_mode '{coordinate_mode}' is not supported at opset "
@@ -318,7 +325,7 @@ def _target(
             scale = pick(factors[a] for a in axes)
             for axis in axes:
                 factors[axis] = scale
-                out[axis] = int(scale * _static(ctx, x.shape[axis]) + 0.5)
+                out[axis] = int(scale * static_dim(ctx, x.shape[axis], "a resized axis") + 0.5)
     elif scales is not None:
         if len(scales) != len(axes):
             raise ctx.fail(f"scales {scales.tolist()} need one entry per resized axis")
@@ -326,7 +333,11 @@ def _target(
             if scale <= 0:
                 raise ctx.fail(f"scale {scale} must be positive")
             factors[axis] = float(scale)
-            out[axis] = x.shape[axis] if scale == 1 else int(scale * _static(ctx, x.shape[axis]))
+            out[axis] = (
+                x.shape[axis]
+                if scale == 1
+                else int(scale * static_dim(ctx, x.shape[axis], "a resized axis"))
+            )
     else:
         raise ctx.fail("Resize needs scales or sizes")
     windows = [(0.0, 1.0)] * rank
@@ -334,20 +345,15 @@ def _target(
         if roi.size != 2 * len(axes):
             raise ctx.fail(f"roi needs {2 * len(axes)} values, got {roi.size}")
         for i, axis in enumerate(axes):
-            windows[axis] = (float(roi[i]), float(roi[i + len(axes)]))
+            # numpy scalars keep the ROI arithmetic in its own precision, as the reference does
+            windows[axis] = (roi[i], roi[i + len(axes)])
     return Target(tuple(out), tuple(factors), tuple(windows), tuple(axes))
 
 
 def _ratio(ctx: ImportContext, size: Dim, dim: Dim) -> float:
     if size == dim:
         return 1.0
-    return _static(ctx, size) / _static(ctx, dim)
-
-
-def _static(ctx: ImportContext, dim: Dim) -> int:
-    if not isinstance(dim, int):
-        raise ctx.fail(f"resizing an axis of symbolic size {dim} is not supported")
-    return dim
+    return static_dim(ctx, size, "a resized axis") / static_dim(ctx, dim, "a resized axis")
 
 
 def _sizes_input(ctx: ImportContext, node: onnx.NodeProto, index: int) -> list[Dim] | None:
@@ -392,6 +398,7 @@ def _upsample(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x = ctx.value(node.input[0])
     attrs = ctx.attributes(node)
     interp = _interpolation(ctx, attrs)
+    scales: np.ndarray | None
     if ctx.opset < 9:
         scales = np.array(attrs.floats("scales"), np.float32)
     else:

@@ -16,20 +16,29 @@ import onnx
 from knopt.ir.graph import Value
 from knopt.ir.op import Binary, Unary
 from knopt.onnx.context import Attributes, ImportContext, OnnxValue, importer
-from knopt.onnx.ops.common import matmul, scalar_like
+from knopt.onnx.ops.common import matmul, scalar_like, static_dim
 
 Activation = Callable[[Value], Value]
 
-_DEFAULT_ALPHA = {"LeakyRelu": 0.01, "ThresholdedRelu": 1.0, "ScaledTanh": 1.0,
-                  "HardSigmoid": 0.2, "Elu": 1.0, "Affine": 1.0}
+_DEFAULT_ALPHA = {
+    "LeakyRelu": 0.01,
+    "ThresholdedRelu": 1.0,
+    "ScaledTanh": 1.0,
+    "HardSigmoid": 0.2,
+    "Elu": 1.0,
+    "Affine": 1.0,
+}
 _DEFAULT_BETA = {"ScaledTanh": 1.0, "HardSigmoid": 0.5, "Affine": 0.0}
 
 
-def _activation(ctx: ImportContext, name: str, alpha: float | None, beta: float | None) -> Activation:
+def _activation(
+    ctx: ImportContext, name: str, alpha: float | None, beta: float | None
+) -> Activation:
     """The ONNX recurrent activation `name` (case-insensitive) as a graph function."""
     b = ctx.builder
-    canonical = {n.lower(): n for n in (*_DEFAULT_ALPHA, "Relu", "Tanh", "Sigmoid", "Softsign",
-                                        "Softplus")}.get(name.lower())
+    canonical = {
+        n.lower(): n for n in (*_DEFAULT_ALPHA, "Relu", "Tanh", "Sigmoid", "Softsign", "Softplus")
+    }.get(name.lower())
     if canonical is None:
         raise ctx.fail(f"recurrent activation '{name}' is not supported")
     a = _DEFAULT_ALPHA.get(canonical, 0.0) if alpha is None else alpha
@@ -69,7 +78,9 @@ class _Layer:
     directions: list[bool]  # per direction: runs backwards in time
 
 
-def _layer(ctx: ImportContext, attrs: Attributes, gates: int, defaults: list[str], w: Value) -> _Layer:
+def _layer(
+    ctx: ImportContext, attrs: Attributes, gates: int, defaults: list[str], w: Value
+) -> _Layer:
     direction = attrs.string("direction", "forward")
     if direction not in ("forward", "reverse", "bidirectional"):
         raise ctx.fail(f"direction '{direction}' is not forward, reverse or bidirectional")
@@ -82,16 +93,18 @@ def _layer(ctx: ImportContext, attrs: Attributes, gates: int, defaults: list[str
     if len(names) != len(defaults) * count:
         raise ctx.fail(f"activations {names} need {len(defaults)} per direction")
     functions = [
-        _activation(ctx, n, alphas[i] if i < len(alphas) else None,
-                    betas[i] if i < len(betas) else None)
+        _activation(
+            ctx, n, alphas[i] if i < len(alphas) else None, betas[i] if i < len(betas) else None
+        )
         for i, n in enumerate(names)
     ]
     per = len(defaults)
-    hidden = attrs.int("hidden_size", int(w.shape[1]) // gates)  # type: ignore[call-overload]
+    hidden = attrs.int("hidden_size", static_dim(ctx, w.shape[1], "W") // gates)
     clip = attrs.float("clip") if attrs.has("clip") else None
     backwards = [direction == "reverse"] if count == 1 else [False, True]
-    return _Layer(gates, hidden, [functions[i * per : (i + 1) * per] for i in range(count)], clip,
-                  backwards)
+    return _Layer(
+        gates, hidden, [functions[i * per : (i + 1) * per] for i in range(count)], clip, backwards
+    )
 
 
 def _pick(ctx: ImportContext, x: Value, index: int) -> Value:
@@ -110,7 +123,7 @@ def _clip(ctx: ImportContext, layer: _Layer, x: Value) -> Value:
 
 
 def _inputs(ctx: ImportContext, node: onnx.NodeProto, count: int) -> list[Value | None]:
-    values = ctx.inputs(node, count=(3, count))
+    values: list[Value | None] = list(ctx.inputs(node, count=(3, count)))
     x = values[0]
     assert x is not None
     steps = x.shape[0] if not ctx.attributes(node).int("layout", 0) else x.shape[1]
@@ -122,7 +135,9 @@ def _inputs(ctx: ImportContext, node: onnx.NodeProto, count: int) -> list[Value 
     return values
 
 
-def _time_major(ctx: ImportContext, attrs: Attributes, x: Value, h: Value | None) -> tuple[Value, Value | None]:
+def _time_major(
+    ctx: ImportContext, attrs: Attributes, x: Value, h: Value | None
+) -> tuple[Value, Value | None]:
     """Inputs in the `[seq, batch, ...]` and `[dirs, batch, hidden]` layout."""
     if not attrs.int("layout", 0):
         return x, h
@@ -130,7 +145,9 @@ def _time_major(ctx: ImportContext, attrs: Attributes, x: Value, h: Value | None
     return b.permute(x, (1, 0, 2)), None if h is None else b.permute(h, (1, 0, 2))
 
 
-def _outputs(ctx: ImportContext, attrs: Attributes, ys: list[list[Value]], finals: list[list[Value]]) -> list[OnnxValue]:
+def _outputs(
+    ctx: ImportContext, attrs: Attributes, ys: list[list[Value]], finals: list[list[Value]]
+) -> list[OnnxValue]:
     """Y `[seq, dirs, batch, hidden]` and the final states `[dirs, batch, hidden]`."""
     b = ctx.builder
     per_direction = []
@@ -145,7 +162,9 @@ def _outputs(ctx: ImportContext, attrs: Attributes, ys: list[list[Value]], final
     return [y, *states]
 
 
-def _projections(ctx: ImportContext, x: Value, w: Value, bias: Value | None, d: int, width: int) -> tuple[Value, Value | None]:
+def _projections(
+    ctx: ImportContext, x: Value, w: Value, bias: Value | None, d: int, width: int
+) -> tuple[Value, Value | None]:
     """`X @ W^T` for every step of direction `d`, and the recurrence bias `Rb`."""
     b = ctx.builder
     projected = matmul(ctx, x, b.permute(_pick(ctx, w, d), (1, 0)))
@@ -214,7 +233,11 @@ def _gru(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
             hr = b.matmul(h, recurrent) if before_reset else None
             if hr is not None and rb is not None:
                 hr = b.add(hr, rb)
-            zr_h = b.matmul(h, _part(ctx, recurrent, 0, 2 * n)) if hr is None else _part(ctx, hr, 0, 2 * n)
+            zr_h = (
+                b.matmul(h, _part(ctx, recurrent, 0, 2 * n))
+                if hr is None
+                else _part(ctx, hr, 0, 2 * n)
+            )
             zr = b.add(_part(ctx, xw, 0, 2 * n), zr_h)
             if not before_reset and rb is not None:
                 zr = b.add(zr, _part(ctx, rb, 0, 2 * n))
@@ -223,7 +246,9 @@ def _gru(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
             if hr is not None:
                 candidate = b.add(_part(ctx, xw, 2, n), b.mul(reset, _part(ctx, hr, 2, n)))
             else:
-                candidate = b.add(_part(ctx, xw, 2, n), b.matmul(b.mul(reset, h), _part(ctx, recurrent, 2, n)))
+                candidate = b.add(
+                    _part(ctx, xw, 2, n), b.matmul(b.mul(reset, h), _part(ctx, recurrent, 2, n))
+                )
                 if rb is not None:
                     candidate = b.add(candidate, _part(ctx, rb, 2, n))
             hidden = g(_clip(ctx, layer, candidate))

@@ -17,12 +17,18 @@ import onnx
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.op import Binary, Reduction, Unary
-from knopt.ir.shape import numel
+from knopt.ir.shape import Dim, numel
 from knopt.onnx.context import ImportContext, OnnxValue, importer
+from knopt.onnx.ops.common import static_dim
 from knopt.onnx.ops.indexing import gather_elements
 
-_MODES = {"nearest": "nearest", "linear": "linear", "cubic": "cubic", "bilinear": "linear",
-          "bicubic": "cubic"}
+_MODES = {
+    "nearest": "nearest",
+    "linear": "linear",
+    "cubic": "cubic",
+    "bilinear": "linear",
+    "bicubic": "cubic",
+}
 _PADDINGS = ("zeros", "border", "reflection")
 _CUBIC_A = -0.75
 
@@ -53,7 +59,9 @@ def _reflect(ctx: ImportContext, x: Value, low: float, high: float) -> Value:
         near, far = (low, high) if below else (high, low)
         toward = b.add(_f(ctx, near), rest) if below else b.sub(_f(ctx, near), rest)
         away = b.sub(_f(ctx, far), rest) if below else b.add(_f(ctx, far), rest)
-        outside = b.binary(Binary.LESS if below else Binary.GREATER, x, _f(ctx, low if below else high))
+        outside = b.binary(
+            Binary.LESS if below else Binary.GREATER, x, _f(ctx, low if below else high)
+        )
         result = b.where(outside, b.where(even, toward, away), result)
     return result
 
@@ -148,10 +156,8 @@ def _take(ctx: ImportContext, x: Value, positions: Value) -> Value:
     return gather_elements(ctx, x, indices, x.rank - 1)
 
 
-def _int(ctx: ImportContext, value: object) -> Value:
-    if not isinstance(value, int):
-        raise ctx.fail("GridSample needs static sizes")
-    return ctx.builder.constant(np.array(value, np.int64))
+def _int(ctx: ImportContext, value: Dim) -> Value:
+    return ctx.builder.constant(np.array(static_dim(ctx, value, "this sampling op"), np.int64))
 
 
 @importer("GridSample", since=16)
@@ -164,7 +170,7 @@ def _grid_sample(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     if mode is None or padding not in _PADDINGS:
         raise ctx.fail(f"GridSample mode or padding_mode is not supported ({_PADDINGS})")
     b = ctx.builder
-    sizes = [int(_int_size(ctx, d)) for d in x.shape[2:]]
+    sizes = [static_dim(ctx, d, "GridSample") for d in x.shape[2:]]
     k = len(sizes)
     n, out = grid.shape[0], grid.shape[1:-1]
     count = numel(out)
@@ -172,15 +178,15 @@ def _grid_sample(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     per_axis = []
     for axis, size in enumerate(sizes):  # the grid lists x (the last axis) first
         column = b.view(b.slice(coords, axis=2, start=k - 1 - axis, stop=k - axis), (n, count))
-        position = _source(ctx, column, size, align, mode, padding)
-        per_axis.append(_axis_taps(ctx, position, size, align, mode, padding))
+        source = _source(ctx, column, size, align, mode, padding)
+        per_axis.append(_axis_taps(ctx, source, size, align, mode, padding))
     strides = [int(np.prod(sizes[i + 1 :])) for i in range(k)]
     flat = b.view(x, (x.shape[0], x.shape[1], int(np.prod(sizes))))
     total = None
     for combo in itertools.product(*per_axis):
-        position = None
-        weight = None
-        valid = None
+        position: Value | None = None
+        weight: Value | None = None
+        valid: Value | None = None
         for tap, stride in zip(combo, strides, strict=True):
             term = b.mul(tap.index, _int(ctx, stride))
             position = term if position is None else b.add(position, term)
@@ -200,18 +206,14 @@ def _grid_sample(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     return [b.view(total, (n, x.shape[1], *out))]
 
 
-def _int_size(ctx: ImportContext, dim: object) -> int:
-    if not isinstance(dim, int):
-        raise ctx.fail("GridSample needs static spatial sizes")
-    return dim
-
-
 def _base_grid(sizes: list[int], align: bool) -> np.ndarray:
     """AffineGrid's homogeneous grid `[prod(sizes), k + 1]`: x first, then y (and z), then 1."""
     axes = []
     for size in sizes:
         if align:
-            axes.append(np.arange(-1, 1 + 0.0001, 2.0 / (size - 1)) if size > 1 else np.array([-1.0]))
+            axes.append(
+                np.arange(-1, 1 + 0.0001, 2.0 / (size - 1)) if size > 1 else np.array([-1.0])
+            )
         else:
             step = 2.0 / size
             axes.append(np.arange(-1 + step / 2, 1, step))
@@ -245,11 +247,14 @@ def _d(ctx: ImportContext, value: float) -> Value:
 def _roi_axis(
     ctx: ImportContext, start: Value, extent: Value, bins: int, samples: int, size: int
 ) -> tuple[Value, Value, Value, Value, Value]:
-    """Sample positions of one axis for every ROI `[R, bins, samples]`: low and high input
-    indices, their weights, and whether the sample lies inside the input (as the reference)."""
+    """The bilinear taps of one axis for every ROI sample `[R, bins, samples]`.
+
+    Returns the low and high input indices, their weights, and whether the sample lies inside
+    the input, all as the ONNX reference computes them.
+    """
     b = ctx.builder
     step = b.div(extent, _d(ctx, bins))  # [R, 1, 1]
-    grid = (np.arange(bins)[:, None] + (np.arange(samples)[None, :] + 0.5) / samples)
+    grid = np.arange(bins)[:, None] + (np.arange(samples)[None, :] + 0.5) / samples
     at = b.add(start, b.mul(step, b.constant(grid[None])))
     inside = b.binary(
         Binary.AND,
@@ -274,13 +279,17 @@ def _roi_align(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     out_h, out_w = attrs.int("output_height", 1), attrs.int("output_width", 1)
     ratio = attrs.int("sampling_ratio", 0)
     scale = attrs.float("spatial_scale", 1.0)
-    half_pixel = ctx.opset >= 16 and attrs.string(
-        "coordinate_transformation_mode", "half_pixel") == "half_pixel"
+    half_pixel = (
+        ctx.opset >= 16
+        and attrs.string("coordinate_transformation_mode", "half_pixel") == "half_pixel"
+    )
     if mode not in ("avg", "max") or ratio <= 0:
-        raise ctx.fail("RoiAlign needs mode avg or max and a fixed sampling_ratio (> 0); an "
-                       "adaptive one gives every ROI its own number of samples")
+        raise ctx.fail(
+            "RoiAlign needs mode avg or max and a fixed sampling_ratio (> 0); an "
+            "adaptive one gives every ROI its own number of samples"
+        )
     b = ctx.builder
-    n, c, h, w = (_int_size(ctx, d) for d in x.shape)
+    _, c, h, w = (static_dim(ctx, d, "the input") for d in x.shape)
     r = rois.shape[0]
     boxes = b.mul(b.cast(rois, DType.F64), _d(ctx, scale))
     if half_pixel:
@@ -311,20 +320,29 @@ def _roi_align(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
             weight = b.mul(grid(ys[wy], True), grid(xs[wx], False))
             weight = b.where(inside, weight, _d(ctx, 0.0))
             place = b.where(inside, place, b.constant(np.array(0, np.int64)))
-            value = _take(ctx, b.cast(images, DType.F64), b.view(b.broadcast(place, shape), (r, 1, count)))
+            value = _take(
+                ctx, b.cast(images, DType.F64), b.view(b.broadcast(place, shape), (r, 1, count))
+            )
             taps.append(b.mul(value, b.view(b.broadcast(weight, shape), (r, 1, count))))
+    pooled = _pool_samples(ctx, taps, mode, (r, c, out_h, out_w), ratio * ratio)
+    return [b.cast(b.view(pooled, (r, c, out_h, out_w)), x.dtype)]
+
+
+def _pool_samples(
+    ctx: ImportContext, taps: list[Value], mode: str, shape: tuple[Dim, ...], samples: int
+) -> Value:
+    """RoiAlign's bins: the average of the samples' bilinear sums, or the largest weighted tap."""
+    b = ctx.builder
     if mode == "avg":
         total = taps[0]
-        for t in taps[1:]:
-            total = b.add(total, t)
-        pooled = b.reduce(Reduction.SUM, b.view(total, (r, c, out_h, out_w, ratio * ratio)), axes=[4])
-        pooled = b.div(pooled, _d(ctx, float(ratio * ratio)))
-    else:
-        best = taps[0]
-        for t in taps[1:]:
-            best = b.binary(Binary.MAX, best, t)
-        pooled = b.reduce(Reduction.MAX, b.view(best, (r, c, out_h, out_w, ratio * ratio)), axes=[4])
-    return [b.cast(b.view(pooled, (r, c, out_h, out_w)), x.dtype)]
+        for tap in taps[1:]:
+            total = b.add(total, tap)
+        summed = b.reduce(Reduction.SUM, b.view(total, (*shape, samples)), axes=[len(shape)])
+        return b.div(summed, _d(ctx, float(samples)))
+    best = taps[0]
+    for tap in taps[1:]:
+        best = b.binary(Binary.MAX, best, tap)
+    return b.reduce(Reduction.MAX, b.view(best, (*shape, samples)), axes=[len(shape)])
 
 
 # ---- DeformConv ------------------------------------------------------------------------------
@@ -336,15 +354,17 @@ def _deform_conv(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     attrs = ctx.attributes(node)
     if x.rank != 4:
         raise ctx.fail("DeformConv is supported for 2-d images")
-    kh, kw = attrs.ints("kernel_shape", [_int_size(ctx, d) for d in weight.shape[2:]])
+    kh, kw = attrs.ints(
+        "kernel_shape", [static_dim(ctx, d, "the kernel") for d in weight.shape[2:]]
+    )
     sh, sw = attrs.ints("strides", [1, 1])
     dh, dw = attrs.ints("dilations", [1, 1])
     pads = attrs.ints("pads", [0, 0, 0, 0])
     groups, offset_groups = attrs.int("group", 1), attrs.int("offset_group", 1)
     b = ctx.builder
-    n, c, h, w = (_int_size(ctx, d) for d in x.shape)
-    m = _int_size(ctx, weight.shape[0])
-    oh, ow = (_int_size(ctx, d) for d in offset.shape[2:])
+    n, c, h, w = (static_dim(ctx, d, "the input") for d in x.shape)
+    m = static_dim(ctx, weight.shape[0], "the kernel")
+    oh, ow = (static_dim(ctx, d, "the offsets") for d in offset.shape[2:])
     k, q = kh * kw, oh * ow
     per_group = c // offset_groups
     moves = b.cast(b.view(offset, (n, offset_groups, k, 2, q)), DType.F32)
@@ -352,10 +372,14 @@ def _deform_conv(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     oy, ox = np.divmod(np.arange(q), ow)
     rows = ky * dh - pads[0] + sh * oy[None, :]  # [k, q] unshifted sample positions
     cols = kx * dw - pads[1] + sw * ox[None, :]
-    at_y = b.add(b.view(b.slice(moves, axis=3, start=0, stop=1), (n, offset_groups, k, q)),
-                 b.constant(rows.astype(np.float32)))
-    at_x = b.add(b.view(b.slice(moves, axis=3, start=1, stop=2), (n, offset_groups, k, q)),
-                 b.constant(cols.astype(np.float32)))
+    at_y = b.add(
+        b.view(b.slice(moves, axis=3, start=0, stop=1), (n, offset_groups, k, q)),
+        b.constant(rows.astype(np.float32)),
+    )
+    at_x = b.add(
+        b.view(b.slice(moves, axis=3, start=1, stop=2), (n, offset_groups, k, q)),
+        b.constant(cols.astype(np.float32)),
+    )
     images = b.view(x, (n, offset_groups, per_group, h * w))
     ys = _axis_taps(ctx, at_y, h, True, "linear", "zeros")
     xs = _axis_taps(ctx, at_x, w, True, "linear", "zeros")
@@ -373,8 +397,10 @@ def _deform_conv(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     if mask is not None:
         sampled = b.mul(sampled, b.view(mask, (n, offset_groups, 1, k, q)))
     columns = b.view(sampled, (n, groups, (c // groups) * k, q))
-    kernels = b.broadcast(b.view(weight, (1, groups, m // groups, (c // groups) * k)),
-                          (n, groups, m // groups, (c // groups) * k))
+    kernels = b.broadcast(
+        b.view(weight, (1, groups, m // groups, (c // groups) * k)),
+        (n, groups, m // groups, (c // groups) * k),
+    )
     y = b.view(b.matmul(kernels, columns), (n, m, oh, ow))
     if bias is not None:
         y = b.add(y, b.view(bias, (m, 1, 1)))

@@ -1,5 +1,4 @@
-"""Importers of the ONNX signal ops: DFT, STFT, the Hann, Hamming and Blackman windows and
-MelWeightMatrix.
+"""Importers of the ONNX signal ops: DFT, STFT, windows (Hann, Hamming, Blackman), mel filters.
 
 A DFT of static length is a product with constant cosine and sine matrices (computed in float64),
 so it becomes two matmuls per output part. Windows and mel matrices depend only on sizes, so
@@ -15,7 +14,7 @@ from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.shape import numel
 from knopt.onnx.context import ImportContext, Known, OnnxValue, importer
-from knopt.onnx.ops.common import axis_of
+from knopt.onnx.ops.common import axis_of, static_dim
 
 
 def _matrix_product(ctx: ImportContext, x: Value, matrix: np.ndarray) -> Value:
@@ -121,9 +120,9 @@ def _stft(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     if known_length is not None:
         frame = int(known_length.reshape(-1)[0])
     elif window is not None:
-        frame = int(window.shape[0])  # type: ignore[call-overload]
+        frame = static_dim(ctx, window.shape[0], "the STFT window")
     else:
-        frame = int(x.shape[-2])  # type: ignore[call-overload]
+        frame = static_dim(ctx, x.shape[-2], "the STFT signal")
     total = x.shape[1]
     if not isinstance(total, int):
         raise ctx.fail("STFT needs a static signal length")
@@ -197,8 +196,12 @@ def mel_weights(bins: int, dft_length: int, rate: int, low: float, high: float) 
 @importer("MelWeightMatrix", since=17)
 def _mel_weight_matrix(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     dtype = DType.from_onnx(ctx.attributes(node).int("output_datatype", 1), ctx.where)
-    values = [ctx.known_input(node, i, name) for i, name in enumerate(
-        ("num_mel_bins", "dft_length", "sample_rate", "lower_edge_hertz", "upper_edge_hertz"))]
+    values = [
+        ctx.known_input(node, i, name)
+        for i, name in enumerate(
+            ("num_mel_bins", "dft_length", "sample_rate", "lower_edge_hertz", "upper_edge_hertz")
+        )
+    ]
     if any(v is None for v in values):
         raise ctx.fail("MelWeightMatrix needs all five inputs")
     bins, length, rate, low, high = (v.reshape(-1)[0].item() for v in values)  # type: ignore[union-attr]

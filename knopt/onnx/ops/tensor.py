@@ -33,8 +33,10 @@ def _constant(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         if attrs.has(name):
             raw = getattr(attrs, kind)(name)
             return [Known(np.array(raw, dtype.numpy), dtype)]
-    raise ctx.fail("Constant needs a tensor, float(s) or int(s) value (sparse and string values "
-                   "are not supported)")
+    raise ctx.fail(
+        "Constant needs a tensor, float(s) or int(s) value (sparse and string values "
+        "are not supported)"
+    )
 
 
 @importer("ConstantOfShape")
@@ -48,7 +50,9 @@ def _constant_of_shape(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxVal
     return [ctx.builder.broadcast(one, shape)]
 
 
-def _shape_input(ctx: ImportContext, node: onnx.NodeProto, index: int, what: str) -> tuple[Dim, ...]:
+def _shape_input(
+    ctx: ImportContext, node: onnx.NodeProto, index: int, what: str
+) -> tuple[Dim, ...]:
     known = ctx.symbolic_input(node, index, what)
     if known is None:
         raise ctx.fail(f"input {index} ({what}) is required")
@@ -100,7 +104,9 @@ def _reshape(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     return [ctx.builder.view(x, reshape_target(ctx, x.shape, requested, bool(allow_zero)))]
 
 
-def _signed_shape_input(ctx: ImportContext, node: onnx.NodeProto, index: int, what: str) -> list[Dim]:
+def _signed_shape_input(
+    ctx: ImportContext, node: onnx.NodeProto, index: int, what: str
+) -> list[Dim]:
     known = ctx.symbolic_input(node, index, what)
     if known is None:
         raise ctx.fail(f"input {index} ({what}) is required")
@@ -116,7 +122,9 @@ def reshape_target(
     for i, d in enumerate(requested):
         if isinstance(d, int) and d == 0 and not allow_zero:
             if i >= len(shape):
-                raise ctx.fail(f"shape {requested} copies dimension {i} of a rank {len(shape)} input")
+                raise ctx.fail(
+                    f"shape {requested} copies dimension {i} of a rank {len(shape)} input"
+                )
             out.append(shape[i])
         elif isinstance(d, int) and d == -1:
             if infer_at is not None:
@@ -180,7 +188,9 @@ def _unsqueeze(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     return [ctx.builder.view(x, unsqueezed_shape(ctx, x.shape, axes))]
 
 
-def unsqueezed_shape(ctx: ImportContext, shape: tuple[Dim, ...], axes: list[int]) -> tuple[Dim, ...]:
+def unsqueezed_shape(
+    ctx: ImportContext, shape: tuple[Dim, ...], axes: list[int]
+) -> tuple[Dim, ...]:
     """`shape` with size-1 axes inserted at `axes` (positions in the result)."""
     rank = len(shape) + len(axes)
     positions = axes_of(ctx, axes, rank)
@@ -324,11 +334,17 @@ def _tile(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     expanded = builder.view(x, tuple(d for dim in x.shape for d in (1, dim)))
     target = tuple(d for r, dim in zip(repeats.tolist(), x.shape, strict=True) for d in (r, dim))
     tiled = builder.broadcast(expanded, target)
-    return [builder.view(tiled, tuple(r * d for r, d in zip(repeats.tolist(), x.shape, strict=True)))]
+    return [
+        builder.view(tiled, tuple(r * d for r, d in zip(repeats.tolist(), x.shape, strict=True)))
+    ]
 
 
-_PAD_MODES = {"constant": PadMode.CONSTANT, "reflect": PadMode.REFLECT, "edge": PadMode.EDGE,
-              "wrap": PadMode.WRAP}
+_PAD_MODES = {
+    "constant": PadMode.CONSTANT,
+    "reflect": PadMode.REFLECT,
+    "edge": PadMode.EDGE,
+    "wrap": PadMode.WRAP,
+}
 
 
 @importer("Pad")
@@ -350,7 +366,9 @@ def _pad(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         constant = ctx.known_input(node, 2, "constant_value")
         value = 0.0 if constant is None or constant.size == 0 else float(constant.reshape(-1)[0])
         known_axes = ctx.known_input(node, 3, "axes")
-        axes = list(range(x.rank)) if known_axes is None else axes_of(ctx, known_axes.tolist(), x.rank)
+        axes = (
+            list(range(x.rank)) if known_axes is None else axes_of(ctx, known_axes.tolist(), x.rank)
+        )
     if len(pads) != 2 * len(axes):
         raise ctx.fail(f"pads {pads} need two entries per padded axis")
     widths = [(0, 0)] * x.rank
@@ -421,9 +439,13 @@ def _one_hot(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     idx = builder.cast(indices, DType.I64)
     # Negative indices count from the end of the depth.
     negative = builder.binary(Binary.LESS, idx, builder.constant(np.array(0, np.int64)))
-    idx = builder.where(negative, builder.add(idx, builder.constant(np.array(depth, np.int64))), idx)
+    idx = builder.where(
+        negative, builder.add(idx, builder.constant(np.array(depth, np.int64))), idx
+    )
     expanded = builder.view(idx, unsqueezed_shape(ctx, idx.shape, [axis]))
-    positions = np.arange(depth, dtype=np.int64).reshape([depth if i == axis else 1 for i in range(rank)])
+    positions = np.arange(depth, dtype=np.int64).reshape(
+        [depth if i == axis else 1 for i in range(rank)]
+    )
     hot = builder.binary(Binary.EQUAL, expanded, builder.constant(positions))
     off = builder.slice(values, axis=0, start=0, stop=1)
     on = builder.slice(values, axis=0, start=1, stop=2)

@@ -1,5 +1,6 @@
-"""Importers of ONNX ops for transformer and state-space blocks: LinearAttention,
-CausalConvWithState, RotaryEmbedding, SwiGLU and TensorScatter.
+"""Importers of ONNX ops of transformer and state-space blocks.
+
+The ops are LinearAttention, CausalConvWithState, RotaryEmbedding, SwiGLU and TensorScatter.
 
 LinearAttention is a recurrence over time; it is unrolled over the static sequence length,
 step by step as the ONNX reference computes it (in float32), so results agree to rounding.
@@ -16,7 +17,7 @@ from knopt.ir.op import Binary, Unary
 from knopt.ir.shape import exact_div
 from knopt.onnx.context import ImportContext, OnnxValue, importer
 from knopt.onnx.ops.attention import repeat_heads, split_heads
-from knopt.onnx.ops.common import axis_of, scalar_like
+from knopt.onnx.ops.common import axis_of, scalar_like, static_dim
 
 _UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
 
@@ -24,12 +25,6 @@ _UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
 def _step(ctx: ImportContext, x: Value, t: int) -> Value:
     """Time step `t` of a `[B, H, T, D]` value, kept as `[B, H, 1, D]`."""
     return ctx.builder.slice(x, axis=2, start=t, stop=t + 1)
-
-
-def _static(ctx: ImportContext, dim: object, what: str) -> int:
-    if not isinstance(dim, int):
-        raise ctx.fail(f"{what} must be static, got {dim}")
-    return dim
 
 
 @importer("LinearAttention", since=27)
@@ -55,8 +50,9 @@ def _linear_attention(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValu
     d_v = v.shape[3]
     if decay is not None:  # per head [B, T, H] or per key channel [B, T, H * d_k]
         width = 1 if decay.shape[2] == kv_heads else d_k
-        decay = b.cast(b.permute(b.view(decay, (batch, steps, kv_heads, width)), (0, 2, 1, 3)),
-                       DType.F32)
+        decay = b.cast(
+            b.permute(b.view(decay, (batch, steps, kv_heads, width)), (0, 2, 1, 3)), DType.F32
+        )
     if beta is not None:
         heads = beta.shape[2]
         beta = b.cast(b.permute(b.view(beta, (batch, steps, heads, 1)), (0, 2, 1, 3)), DType.F32)
@@ -65,9 +61,9 @@ def _linear_attention(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValu
         state_dtype = query.dtype
     else:
         state, state_dtype = b.cast(past_state, DType.F32), past_state.dtype
-    factor = scalar_like(ctx, q, scale if scale else 1 / np.sqrt(_static(ctx, d_k, "d_k")))
+    factor = scalar_like(ctx, q, scale if scale else 1 / np.sqrt(static_dim(ctx, d_k, "d_k")))
     outputs = []
-    for t in range(_static(ctx, steps, "the sequence length")):
+    for t in range(static_dim(ctx, steps, "the sequence length")):
         k_t, v_t = _step(ctx, k, t), _step(ctx, v, t)
         if decay is not None:  # state *= exp(decay), broadcast over d_v
             state = b.mul(state, b.permute(b.unary(Unary.EXP, _step(ctx, decay, t)), (0, 1, 3, 2)))
@@ -90,12 +86,18 @@ def _causal_conv_with_state(ctx: ImportContext, node: onnx.NodeProto) -> list[On
         raise ctx.fail(f"activation '{activation}' is not none, silu or swish")
     b = ctx.builder
     batch, channels, _ = x.shape
-    k = _static(ctx, w.shape[2], "the kernel size")
+    k = static_dim(ctx, w.shape[2], "the kernel size")
     if past is None:
         past = b.scalar(0.0, x.dtype, (batch, channels, k - 1))
     padded = b.concat([past, x], axis=2) if k > 1 else x
-    y = b.conv(padded, w, strides=[1], pads=((0, 0),), dilations=[1],
-               groups=_static(ctx, channels, "channels"))
+    y = b.conv(
+        padded,
+        w,
+        strides=[1],
+        pads=((0, 0),),
+        dilations=[1],
+        groups=static_dim(ctx, channels, "channels"),
+    )
     if bias is not None:
         y = b.add(y, b.view(bias, (channels, 1)))
     if activation != "none":
@@ -110,8 +112,10 @@ def _halves(ctx: ImportContext, x: Value, interleaved: bool) -> tuple[Value, Val
     last = x.rank - 1
     size = x.shape[last]
     if interleaved:
-        return (b.slice(x, axis=last, start=0, stop=size, step=2),
-                b.slice(x, axis=last, start=1, stop=size, step=2))
+        return (
+            b.slice(x, axis=last, start=0, stop=size, step=2),
+            b.slice(x, axis=last, start=1, stop=size, step=2),
+        )
     half = exact_div(size, 2)
     return b.slice(x, axis=last, start=0, stop=half), b.slice(x, axis=last, start=half, stop=size)
 
@@ -131,7 +135,7 @@ def _rotary_embedding(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValu
             raise ctx.fail("RotaryEmbedding of a 3-D input needs num_heads")
         batch, seq, hidden = x.shape
         work = b.view(x, (batch, seq, heads, exact_div(hidden, heads)))
-    size = work.shape[3]
+    size = static_dim(ctx, work.shape[3], "the head size")
     rotary = rotary or size
     if position_ids is not None:
         cos, sin = b.gather(cos, position_ids, axis=0), b.gather(sin, position_ids, axis=0)
@@ -175,13 +179,18 @@ def _tensor_scatter(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]
     b = ctx.builder
     batch, length = cache.shape[0], update.shape[axis]
     rank = cache.rank
-    starts = (b.scalar(0, DType.I64, (batch,)) if write_indices is None
-              else b.cast(write_indices, DType.I64))
+    starts = (
+        b.scalar(0, DType.I64, (batch,))
+        if write_indices is None
+        else b.cast(write_indices, DType.I64)
+    )
     starts = b.view(starts, (batch, *(1,) * (rank - 1)))
     offsets = b.view(b.iota(length), tuple(length if i == axis else 1 for i in range(rank)))
     positions = b.add(starts, offsets)
     if mode == "circular":
-        size = b.constant(np.array(_static(ctx, cache.shape[axis], "the cache length"), np.int64))
+        size = b.constant(
+            np.array(static_dim(ctx, cache.shape[axis], "the cache length"), np.int64)
+        )
         positions = b.binary(Binary.MOD, positions, size)
     indices = b.broadcast(positions, update.shape)
     return [b.scatter(cache, indices, update, axis=axis)]

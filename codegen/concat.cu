@@ -1,0 +1,8 @@
+// codegen/concat.cu: inputs joined along one axis, a thread per output element.
+extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@(@PARAMS@) {
+  typedef @INDEX@ idx_t;
+  const idx_t i = (idx_t)blockIdx.x * @THREADS@ + (idx_t)threadIdx.x;
+  if (i >= @COUNT@) return;
+@COORDS@
+@SELECT@
+}

@@ -1,0 +1,104 @@
+"""The state code generation works on: plan tensors, their buffers, and the steps so far.
+
+Every generator (knopt.cuda.gen) receives a `LoweringContext`, reads the layouts of its
+kernel's tensors from it, asks it for temporaries and appends steps to it. The planner then
+places the buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from knopt.cuda.layout import Layout
+from knopt.cuda.steps import Step
+from knopt.ir.dtype import DType
+
+REGIONS = ("constant", "input", "output", "arena")
+
+
+@dataclass
+class PlanTensor:
+    """A tensor of the plan: a program tensor or a temporary, as a layout over a buffer."""
+
+    id: int
+    dtype: DType
+    layout: Layout
+    buffer: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The tensor's shape."""
+        return self.layout.shape
+
+
+@dataclass
+class Buffer:
+    """Memory for one or more tensors (views share their source's buffer).
+
+    Attributes:
+        region: "constant" and "input" are filled before a run, "output" holds results until
+            the next run, and "arena" buffers share memory when their lifetimes do not overlap.
+        offset: Bytes from the start of the region (set by the planner).
+        first: The first step that touches the buffer (arena buffers).
+        last: The last step that touches it.
+    """
+
+    id: int
+    nbytes: int
+    region: str
+    offset: int = -1
+    first: int = -1
+    last: int = -1
+
+
+@dataclass
+class LoweringContext:
+    """Plan tensors, buffers and steps, grown by the generators of each kernel.
+
+    Attributes:
+        precision: "f32", "tf32", "fp16" or "bf16": how library calls compute.
+        constants: Buffer id -> data, for buffers of the constant region.
+        where: What is being lowered now (a kernel), for error messages.
+    """
+
+    precision: str = "f32"
+    tensors: list[PlanTensor] = field(default_factory=list)
+    buffers: list[Buffer] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    constants: dict[int, np.ndarray] = field(default_factory=dict)
+    where: str = ""
+
+    def tensor(self, tid: int) -> PlanTensor:
+        """Plan tensor `tid`."""
+        return self.tensors[tid]
+
+    def layout(self, tid: int) -> Layout:
+        """The layout of plan tensor `tid`."""
+        return self.tensors[tid].layout
+
+    def dtype(self, tid: int) -> DType:
+        """The element type of plan tensor `tid`."""
+        return self.tensors[tid].dtype
+
+    def new_buffer(self, nbytes: int, region: str) -> int:
+        """A new buffer of `nbytes` in `region`; returns its id."""
+        assert region in REGIONS, region
+        self.buffers.append(Buffer(len(self.buffers), nbytes, region))
+        return len(self.buffers) - 1
+
+    def add_tensor(self, dtype: DType, layout: Layout, buffer: int) -> int:
+        """A plan tensor over an existing buffer; returns its id."""
+        self.tensors.append(PlanTensor(len(self.tensors), dtype, layout, buffer))
+        return len(self.tensors) - 1
+
+    def new_tensor(self, shape: tuple[int, ...], dtype: DType, region: str = "arena") -> int:
+        """A contiguous tensor with a buffer of its own; returns its id."""
+        layout = Layout.contiguous(shape)
+        buffer = self.new_buffer(max(layout.numel, 1) * dtype.itemsize, region)
+        return self.add_tensor(dtype, layout, buffer)
+
+    def emit(self, step: Step) -> None:
+        """Append a step."""
+        self.steps.append(step)

@@ -1,0 +1,172 @@
+"""The CUDA device through cuda.core (device, stream, memory, launches) and cuda.bindings (copies,
+events, stream capture). Every driver status passes through `check()`, which names the call."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from cuda import core
+from cuda.bindings import driver as cu
+
+from knopt.errors import CudaError
+
+DEFAULT_SHARED_LIMIT = 48 * 1024  # bytes of dynamic shared memory a kernel gets unasked
+
+
+def check(call: str, result: Any) -> Any:
+    """Unpack a cuda.bindings result `(status, *values)`.
+
+    Returns:
+        The single value, a tuple of several, or None.
+
+    Raises:
+        CudaError: Naming `call`, if the status is not success.
+    """
+    if isinstance(result, tuple):
+        status, *values = result
+    else:
+        status, values = result, []
+    if int(status) != 0:
+        raise CudaError(call, getattr(status, "name", status), _describe(status))
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _describe(status: Any) -> str:
+    if isinstance(status, cu.CUresult):
+        error, text = cu.cuGetErrorString(status)
+        if int(error) == 0 and text:
+            return text.decode() if isinstance(text, bytes) else str(text)
+    return ""
+
+
+class Gpu:
+    """One device with one stream: everything runs in order on it.
+
+    Raises:
+        CudaError: If there is no usable device.
+    """
+
+    def __init__(self, index: int = 0) -> None:
+        try:
+            self.device = core.Device(index)
+            self.device.set_current()
+            self.stream = self.device.create_stream()
+        except Exception as err:  # cuda.core raises its own types; keep the message
+            raise CudaError(f"cuda.core.Device({index})", None, str(err)) from err
+        self.arch = f"sm_{self.device.arch}"
+        self.stream_handle = int(self.stream.handle)
+        self._cu_device = check("cuDeviceGet", cu.cuDeviceGet(index))
+        self._buffers: list[Any] = []
+
+    @property
+    def name(self) -> str:
+        """The device's name (such as "NVIDIA H200")."""
+        return str(self.device.name)
+
+    def allocate(self, nbytes: int) -> int:
+        """Device memory of `nbytes` (kept until the Gpu goes away); returns its address."""
+        try:
+            buffer = self.device.allocate(max(nbytes, 256), stream=self.stream)
+        except Exception as err:
+            raise CudaError("Device.allocate", None, f"{nbytes} bytes: {err}") from err
+        self._buffers.append(buffer)
+        return int(buffer.handle)
+
+    def upload(self, address: int, array: np.ndarray) -> None:
+        """Copy a host array to device memory at `address`."""
+        array = np.ascontiguousarray(array)
+        if array.nbytes:
+            check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(
+                address, array.ctypes.data, array.nbytes, self.stream.handle))
+
+    def download(self, address: int, array: np.ndarray) -> np.ndarray:
+        """Fill contiguous host `array` from device memory at `address` (waits for the copy)."""
+        if array.nbytes:
+            check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(
+                array.ctypes.data, address, array.nbytes, self.stream.handle))
+        self.sync()
+        return array
+
+    def copy(self, target: int, source: int, nbytes: int) -> None:
+        """Device-to-device copy on the stream."""
+        if nbytes:
+            check("cuMemcpyDtoDAsync",
+                  cu.cuMemcpyDtoDAsync(target, source, nbytes, self.stream.handle))
+
+    def fill(self, address: int, byte: int, nbytes: int) -> None:
+        """Set `nbytes` at `address` to `byte`."""
+        if nbytes:
+            check("cuMemsetD8Async", cu.cuMemsetD8Async(address, byte, nbytes, self.stream.handle))
+
+    def load(self, cubin: bytes, names: Sequence[str]) -> dict[str, Any]:
+        """Load a cubin and get its kernels by name."""
+        try:
+            module = core.ObjectCode.from_cubin(cubin)
+            return {name: module.get_kernel(name) for name in names}
+        except Exception as err:
+            raise CudaError("ObjectCode.get_kernel", None, str(err)) from err
+
+    def allow_shared(self, kernel: Any, nbytes: int) -> None:
+        """Let `kernel` use `nbytes` of dynamic shared memory (needed above 48 KiB)."""
+        if nbytes > DEFAULT_SHARED_LIMIT:
+            attribute = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check("cuKernelSetAttribute", cu.cuKernelSetAttribute(
+                attribute, nbytes, kernel.handle, self._cu_device))
+
+    def launch(self, kernel: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
+               shared: int, args: Sequence[Any]) -> None:
+        """Launch `kernel` on the stream (args: int addresses and numpy scalars)."""
+        config = core.LaunchConfig(grid=grid, block=block, shmem_size=shared)
+        try:
+            core.launch(self.stream, config, kernel, *args)
+        except Exception as err:
+            raise CudaError("cuda.core.launch", None, str(err)) from err
+
+    def sync(self) -> None:
+        """Wait for everything queued on the stream."""
+        check("cuStreamSynchronize", cu.cuStreamSynchronize(self.stream.handle))
+
+    def begin_capture(self) -> None:
+        """Start recording the stream's work into a CUDA graph."""
+        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        check("cuStreamBeginCapture", cu.cuStreamBeginCapture(self.stream.handle, mode))
+
+    def end_capture(self) -> Any:
+        """Stop recording; returns the instantiated, uploaded graph."""
+        graph = check("cuStreamEndCapture", cu.cuStreamEndCapture(self.stream.handle))
+        executable = check("cuGraphInstantiate", cu.cuGraphInstantiate(graph, 0))
+        check("cuGraphUpload", cu.cuGraphUpload(executable, self.stream.handle))
+        check("cuGraphDestroy", cu.cuGraphDestroy(graph))
+        return executable
+
+    def abort_capture(self) -> None:
+        """End a capture that failed part-way, discarding what it recorded."""
+        status, graph = cu.cuStreamEndCapture(self.stream.handle)
+        if int(status) == 0 and graph is not None:
+            cu.cuGraphDestroy(graph)
+
+    def replay(self, executable: Any) -> None:
+        """Launch a captured graph on the stream."""
+        check("cuGraphLaunch", cu.cuGraphLaunch(executable, self.stream.handle))
+
+    def release_graph(self, executable: Any) -> None:
+        """Free a captured graph."""
+        check("cuGraphExecDestroy", cu.cuGraphExecDestroy(executable))
+
+    def event(self) -> Any:
+        """A timing event recorded on the stream now."""
+        event = check("cuEventCreate", cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DEFAULT))
+        check("cuEventRecord", cu.cuEventRecord(event, self.stream.handle))
+        return event
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """Milliseconds between two recorded events (waits for the second)."""
+        check("cuEventSynchronize", cu.cuEventSynchronize(end))
+        milliseconds = check("cuEventElapsedTime", cu.cuEventElapsedTime(start, end))
+        check("cuEventDestroy", cu.cuEventDestroy(start))
+        check("cuEventDestroy", cu.cuEventDestroy(end))
+        return float(milliseconds)

@@ -1,0 +1,1 @@
+"""Code generators, one module per family of kernels."""

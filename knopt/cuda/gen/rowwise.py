@@ -1,0 +1,123 @@
+"""Softmax, LayerNorm and RmsNorm over rows, with a fused prologue and epilogue."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from knopt.cuda.cexpr import (
+    ScalarCode,
+    cast,
+    expr_dtype,
+    literal,
+    load_value,
+    store_value,
+    used_loads,
+)
+from knopt.cuda.context import LoweringContext
+from knopt.cuda.gen.indexing import (
+    PLACEHOLDER,
+    Reads,
+    broadcast_to,
+    decompose,
+    indent,
+    index_type,
+    named,
+    offset,
+)
+from knopt.cuda.gen.reduce import split_axes
+from knopt.cuda.layout import merge_axes, numel
+from knopt.cuda.steps import Launch
+from knopt.cuda.templates import render
+from knopt.ir import op as ops
+from knopt.ir.dtype import DType
+from knopt.opt.program import Acc, Expr, Kernel, Load
+
+MAX_CACHED = 16  # values a thread keeps in registers between passes
+_OPS = {ops.Softmax: "KN_SOFTMAX", ops.LayerNorm: "KN_LAYER_NORM", ops.RmsNorm: "KN_RMS_NORM"}
+
+
+def emit_softmax(ctx: LoweringContext, kernel: Kernel) -> None:
+    """Softmax along one axis."""
+    op = kernel.op
+    assert isinstance(op, ops.Softmax)
+    _emit_rowwise(ctx, kernel, [op.axis], 0.0)
+
+
+def emit_norm(ctx: LoweringContext, kernel: Kernel) -> None:
+    """LayerNorm or RmsNorm over the axes from `axis` on."""
+    op = kernel.op
+    assert isinstance(op, ops.LayerNorm | ops.RmsNorm)
+    rank = ctx.tensor(kernel.output).layout.shape
+    _emit_rowwise(ctx, kernel, list(range(op.axis, len(rank))), op.eps)
+
+
+def row_threads(length: int) -> int:
+    """Threads per row: about 4 values each, between one warp and 1024 threads."""
+    threads = 32
+    while threads < 1024 and threads * 4 < length:
+        threads *= 2
+    return threads
+
+
+def _emit_rowwise(ctx: LoweringContext, kernel: Kernel, axes: Sequence[int], eps: float) -> None:
+    assert kernel.op is not None
+    inputs = list(kernel.inputs)
+    dtypes = [ctx.dtype(t) for t in inputs]
+    prologue: Expr = kernel.prologue if kernel.prologue is not None else Load(0)
+    epilogue: Expr = kernel.epilogue if kernel.epilogue is not None else Acc()
+    out = ctx.tensor(kernel.output)
+    shape = out.shape
+    if out.layout.numel == 0:
+        return
+    dtype = expr_dtype(prologue, dtypes)
+    pro_loads = sorted(used_loads(prologue))
+    epi_loads = sorted(used_loads(epilogue))
+    where = ctx.where
+    strides = [broadcast_to(ctx.layout(inputs[i]), shape, where) for i in pro_loads]
+    strides += [broadcast_to(ctx.layout(inputs[i]), shape, where) for i in epi_loads]
+    strides.append(out.layout.strides)
+    outer_dims, outer_strides, row_dims, row_strides = split_axes(shape, axes, strides)
+    outer, outer_merged = merge_axes(outer_dims, outer_strides)
+    row, row_merged = merge_axes(row_dims, row_strides)
+    length = numel(row_dims)
+    threads = row_threads(length)
+    cached = -(-length // threads) <= MAX_CACHED
+    extent = max([out.layout.numel] + [ctx.layout(t).numel + abs(ctx.layout(t).offset)
+                                       for t in inputs])
+    itype = index_type(2 * extent)
+    real = "double" if dtype is DType.F64 else "float"
+    real_dtype = DType.F64 if dtype is DType.F64 else DType.F32
+    bases = [f"b{i}" for i in pro_loads] + [f"e{i}" for i in epi_loads] + ["o"]
+    outer_lines = decompose("row", outer, "k", itype)
+    outer_lines += [f"const idx_t {b} = {offset('k', st)};"
+                    for b, st in zip(bases, outer_merged, strict=True)]
+    reads = Reads(ctx)
+    coords = decompose("j", row, "r", itype)
+    load_lines = list(coords)
+    for n, i in enumerate(pro_loads):
+        element = f"{reads.slot(inputs[i])}[{offset('r', row_merged[n], f'b{i}')}]"
+        load_lines.append(f"const auto x{i} = {load_value(element, dtypes[i])};")
+    pro = ScalarCode(dtypes, [f"x{i}" for i in range(len(inputs))], prefix="p")
+    value = pro.emit(prologue)
+    load_lines += pro.lines + [f"return (real)({cast(value, pro.dtype(prologue), real_dtype)});"]
+    store_lines = list(coords)
+    for n, i in enumerate(epi_loads):
+        element = f"{reads.slot(inputs[i])}[{offset('r', row_merged[len(pro_loads) + n], f'e{i}')}]"
+        store_lines.append(f"const auto y{i} = {load_value(element, dtypes[i])};")
+    store_lines.append(f"const auto a = {cast('value', real_dtype, dtype)};")
+    epi = ScalarCode(dtypes, [f"y{i}" for i in range(len(inputs))], acc=dtype, acc_name="a",
+                     prefix="q")
+    result = epi.emit(epilogue)
+    store_lines += epi.lines
+    out_index = offset("r", row_merged[-1], "o")
+    store_lines.append(
+        f"out[{out_index}] = {store_value(cast(result, epi.dtype(epilogue), out.dtype), out.dtype)};")
+    source = render(
+        "rowwise.cu", NAME=PLACEHOLDER, PARAMS=reads.params(kernel.output), THREADS=threads,
+        INDEX=itype, C=real, LENGTH=length, OUTER=indent(outer_lines), LOAD=indent(load_lines, 2),
+        STORE=indent(store_lines, 2), CACHED=int(cached), OP=_OPS[type(kernel.op)],
+        EPS=literal(eps, real_dtype),
+    )
+    name, source = named(type(kernel.op).__name__.lower(), source)
+    rows = numel(outer_dims)
+    ctx.emit(Launch(name, source, (rows, 1, 1), (threads, 1, 1), reads.args(kernel.output)))

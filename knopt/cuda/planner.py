@@ -1,0 +1,228 @@
+"""Plan a Program for the GPU: layouts for every tensor, steps for every kernel, one arena.
+
+Views cost nothing: they are layouts over their source's buffer. Every other tensor gets a
+buffer in a region: constants and inputs (filled before a run), outputs (kept until the next
+run), or the arena, where buffers whose lifetimes (first to last step touching them) do not
+overlap share memory. Offsets are placed greedily by size (largest first, lowest offset that
+fits, as TFLite's arena planner does), so reuse is by offset, not by equal sizes. The plan
+reports the arena's size against the lower bound: the largest total of buffers alive at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from knopt.cuda.cexpr import check_dtype
+from knopt.cuda.context import REGIONS, Buffer, LoweringContext, PlanTensor
+from knopt.cuda.gen.elementwise import copy_launch
+from knopt.cuda.layout import Layout, view_layout
+from knopt.cuda.lower import lower_kernel
+from knopt.cuda.steps import Step, step_tensors
+from knopt.errors import CodegenError, UnsupportedModelError
+from knopt.opt.program import Kernel, Program
+
+ALIGNMENT = 256  # bytes: what cuBLASLt wants for D, and more than vector loads need
+
+
+@dataclass
+class Plan:
+    """Everything the executor needs, as plain data.
+
+    Attributes:
+        constants: Buffer id -> the bytes to upload once.
+        inputs: (name, plan tensor) per program input, in order.
+        outputs: (name, plan tensor) per program output, in order.
+        region_bytes: Size of each region.
+        arena_lower_bound: The most bytes of arena buffers alive at any one step.
+    """
+
+    tensors: list[PlanTensor]
+    buffers: list[Buffer]
+    steps: list[Step]
+    constants: dict[int, np.ndarray]
+    inputs: list[tuple[str, int]]
+    outputs: list[tuple[str, int]]
+    region_bytes: dict[str, int] = field(default_factory=dict)
+    arena_lower_bound: int = 0
+
+    def memory_report(self) -> str:
+        """The arena's size against its lower bound, and the other regions, in MiB."""
+        arena = self.region_bytes.get("arena", 0)
+        ratio = arena / self.arena_lower_bound if self.arena_lower_bound else 1.0
+        parts = [f"arena {arena / 2**20:.2f} MiB (lower bound "
+                 f"{self.arena_lower_bound / 2**20:.2f} MiB, {ratio:.3f}x)"]
+        parts += [f"{region} {self.region_bytes.get(region, 0) / 2**20:.2f} MiB"
+                  for region in REGIONS if region != "arena"]
+        return ", ".join(parts)
+
+
+def build_plan(program: Program, precision: str = "f32") -> Plan:
+    """Lay out, lower and place a program whose sizes are all static.
+
+    Raises:
+        UnsupportedModelError: If a tensor has a dtype or symbolic size the GPU cannot take.
+        CodegenError: If lowering produces something inconsistent (a knopt bug).
+    """
+    ctx = LoweringContext(precision)
+    constants = ctx.constants
+    for tensor in program.tensors:
+        where = f"tensor %{tensor.id}"
+        check_dtype(tensor.type.dtype, where)
+        shape = _static_shape(tensor.type.shape, where)
+        ctx.tensors.append(PlanTensor(tensor.id, tensor.type.dtype, Layout.contiguous(shape), -1))
+        if tensor.role in ("input", "constant") or tensor.id in program.constants:
+            region = "constant" if tensor.id in program.constants else "input"
+            ctx.tensors[-1].buffer = ctx.new_buffer(_nbytes(ctx.tensors[-1]), region)
+            if region == "constant":
+                constants[ctx.tensors[-1].buffer] = np.ascontiguousarray(
+                    program.constants[tensor.id])
+    for kernel in program.kernels:
+        ctx.where = _describe(kernel)
+        if kernel.is_view:
+            _lay_out_view(ctx, kernel, program)
+            continue
+        out = ctx.tensors[kernel.output]
+        region = "output" if program.tensors[kernel.output].role == "output" else "arena"
+        out.buffer = ctx.new_buffer(_nbytes(out), region)
+        lower_kernel(ctx, kernel)
+    outputs = []
+    for name, tid in zip(program.output_names, program.outputs, strict=True):
+        outputs.append((name, _output_tensor(ctx, tid)))
+    plan = Plan(ctx.tensors, ctx.buffers, ctx.steps, constants,
+                list(zip(program.input_names, program.inputs, strict=True)), outputs)
+    place_buffers(plan)
+    return plan
+
+
+def _static_shape(shape: tuple[object, ...], where: str) -> tuple[int, ...]:
+    if not all(isinstance(d, int) for d in shape):
+        raise UnsupportedModelError(
+            f"{where}: shape {list(shape)} is symbolic; bind the sizes before planning "
+            "(knopt.ir.bind_symbols)")
+    return tuple(int(d) for d in shape)  # type: ignore[call-overload]
+
+
+def _nbytes(tensor: PlanTensor) -> int:
+    return max(tensor.layout.numel, 1) * tensor.dtype.itemsize
+
+
+def _describe(kernel: Kernel) -> str:
+    what = kernel.kind if kernel.op is None else f"{kernel.kind}:{kernel.op.name}"
+    names = f" ({', '.join(kernel.names[:2])})" if kernel.names else ""
+    return f"kernel %{kernel.output} = {what}{names}"
+
+
+def _lay_out_view(ctx: LoweringContext, kernel: Kernel, program: Program) -> None:
+    assert kernel.op is not None
+    (source,) = kernel.inputs
+    target = ctx.tensors[kernel.output]
+    layout = view_layout(kernel.op, ctx.layout(source))
+    if layout is not None:
+        target.layout = layout
+        target.buffer = ctx.tensors[source].buffer
+        return
+    # A reshape the strides cannot express: copy the source densely, then view that.
+    copy = ctx.new_tensor(ctx.tensors[source].shape, ctx.dtype(source))
+    launch = copy_launch(ctx, copy, source)
+    if launch is not None:
+        ctx.emit(launch)
+    target.layout = Layout.contiguous(target.shape)
+    target.buffer = ctx.tensors[copy].buffer
+
+
+def _output_tensor(ctx: LoweringContext, tid: int) -> int:
+    tensor = ctx.tensors[tid]
+    buffer = ctx.buffers[tensor.buffer]
+    if buffer.region == "output" and tensor.layout == Layout.contiguous(tensor.shape):
+        return tid
+    # Views, inputs and constants that are outputs get a copy of their own, so results are
+    # dense and stay valid until the next run whatever the arena does.
+    copy = ctx.new_tensor(tensor.shape, tensor.dtype, region="output")
+    launch = copy_launch(ctx, copy, tid)
+    if launch is not None:
+        ctx.emit(launch)
+    return copy
+
+
+def place_buffers(plan: Plan) -> None:
+    """Set every buffer's lifetime and offset, and the plan's region sizes and lower bound."""
+    for index, step in enumerate(plan.steps):
+        for tid in step_tensors(step):
+            buffer = plan.buffers[plan.tensors[tid].buffer]
+            if buffer.first < 0:
+                buffer.first = index
+            buffer.last = index
+    for region in REGIONS:
+        members = [b for b in plan.buffers if b.region == region]
+        if region == "arena":
+            live = [b for b in members if b.first >= 0]
+            for b in members:
+                if b.first < 0:
+                    b.offset = 0
+            plan.region_bytes[region] = assign_offsets(live)
+            plan.arena_lower_bound = lower_bound(live)
+            continue
+        total = 0
+        for b in members:
+            b.offset = total
+            total += align(b.nbytes)
+        plan.region_bytes[region] = total
+
+
+def align(nbytes: int) -> int:
+    """`nbytes` rounded up to the alignment every buffer gets."""
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
+def assign_offsets(buffers: list[Buffer]) -> int:
+    """Greedy-by-size placement: each buffer at the lowest offset free for its whole lifetime.
+
+    Returns:
+        The bytes the placement needs.
+    """
+    placed: list[Buffer] = []
+    size = 0
+    for buffer in sorted(buffers, key=lambda b: (-align(b.nbytes), b.first, b.id)):
+        need = align(buffer.nbytes)
+        clashes = sorted((b for b in placed if b.first <= buffer.last and buffer.first <= b.last),
+                         key=lambda b: b.offset)
+        offset = 0
+        for other in clashes:
+            if offset + need <= other.offset:
+                break
+            offset = max(offset, other.offset + align(other.nbytes))
+        buffer.offset = offset
+        placed.append(buffer)
+        size = max(size, offset + need)
+    return size
+
+
+def lower_bound(buffers: list[Buffer]) -> int:
+    """The largest total size of buffers alive at the same step."""
+    events: dict[int, int] = {}
+    for b in buffers:
+        events[b.first] = events.get(b.first, 0) + align(b.nbytes)
+        events[b.last + 1] = events.get(b.last + 1, 0) - align(b.nbytes)
+    best = current = 0
+    for step in sorted(events):
+        current += events[step]
+        best = max(best, current)
+    return best
+
+
+def check_plan(plan: Plan) -> None:
+    """Check that no two arena buffers alive at once overlap in memory.
+
+    Raises:
+        CodegenError: If two do (a planner bug).
+    """
+    arena = sorted((b for b in plan.buffers if b.region == "arena" and b.first >= 0),
+                   key=lambda b: b.offset)
+    for i, a in enumerate(arena):
+        for b in arena[i + 1:]:
+            if b.offset >= a.offset + align(a.nbytes):
+                break
+            if a.first <= b.last and b.first <= a.last:
+                raise CodegenError(f"arena buffers {a.id} and {b.id} overlap while both live")

@@ -1,0 +1,124 @@
+"""Reduced precision: a Program whose f32 tensors become f16 or bf16.
+
+Inputs and outputs keep f32 (a cast kernel converts each at the edge), constants are rounded,
+and every f32 dtype inside kernels (casts, literals, iota) follows. Finite constants beyond the
+narrow type's range saturate rather than become infinities: attention masks are often written
+as `(1 - mask) * float32.min`, which as -inf would turn the zeros of the mask into NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from knopt.errors import KnoptError
+from knopt.ir import op as ops
+from knopt.ir.dtype import DType
+from knopt.ir.op import TensorType
+from knopt.opt.program import (
+    BinaryE,
+    CastE,
+    ClampE,
+    Const,
+    Expr,
+    Kernel,
+    Load,
+    Program,
+    Tensor,
+    UnaryE,
+    WhereE,
+)
+
+PRECISIONS = {"f32": None, "tf32": None, "fp16": DType.F16, "bf16": DType.BF16}
+
+
+def narrow_dtype(precision: str) -> DType | None:
+    """The storage type f32 tensors get under `precision` (None: they stay f32).
+
+    Raises:
+        KnoptError: If `precision` is not one of f32, tf32, fp16, bf16.
+    """
+    if precision not in PRECISIONS:
+        raise KnoptError(f"precision '{precision}' is unknown (use {', '.join(PRECISIONS)})")
+    return PRECISIONS[precision]
+
+
+def _retype(dtype: DType, target: DType) -> DType:
+    return target if dtype is DType.F32 else dtype
+
+
+def _narrow_array(array: np.ndarray, target: DType) -> np.ndarray:
+    if array.dtype != np.float32:
+        return array
+    limit = float(np.finfo(target.numpy).max)
+    finite = np.isfinite(array)
+    clipped = np.where(finite, np.clip(array, -limit, limit), array)
+    return clipped.astype(target.numpy)
+
+
+def _expr(expr: Expr | None, target: DType) -> Expr | None:
+    if expr is None or isinstance(expr, Load):
+        return expr
+    if isinstance(expr, Const):
+        if expr.dtype is not DType.F32:
+            return expr
+        limit = float(np.finfo(target.numpy).max)
+        value = expr.value if not np.isfinite(expr.value) else min(max(expr.value, -limit), limit)
+        return Const(value, target)
+    if isinstance(expr, UnaryE):
+        return UnaryE(expr.kind, _expr(expr.x, target))  # type: ignore[arg-type]
+    if isinstance(expr, BinaryE):
+        return BinaryE(expr.kind, _expr(expr.a, target), _expr(expr.b, target))  # type: ignore[arg-type]
+    if isinstance(expr, ClampE):
+        return ClampE(_expr(expr.x, target), expr.lo, expr.hi)  # type: ignore[arg-type]
+    if isinstance(expr, CastE):
+        return CastE(_expr(expr.x, target), _retype(expr.dtype, target))  # type: ignore[arg-type]
+    if isinstance(expr, WhereE):
+        return WhereE(_expr(expr.condition, target), _expr(expr.a, target),  # type: ignore[arg-type]
+                      _expr(expr.b, target))  # type: ignore[arg-type]
+    return expr
+
+
+def _op(op: ops.Op | None, target: DType) -> ops.Op | None:
+    if isinstance(op, ops.Cast | ops.Iota) and op.dtype is DType.F32:
+        return dataclasses.replace(op, dtype=target)
+    return op
+
+
+def narrow_program(program: Program, target: DType) -> Program:
+    """A copy of `program` computing in `target` where it computed in f32."""
+    tensors = [Tensor(t.id, TensorType(t.type.shape, _retype(t.type.dtype, target)), t.role)
+               for t in program.tensors]
+    constants = {tid: _narrow_array(np.asarray(a), target) for tid, a in program.constants.items()}
+    renamed: dict[int, int] = {}
+    kernels: list[Kernel] = []
+    inputs = list(program.inputs)
+    for tid in program.inputs:
+        if program.tensors[tid].type.dtype is DType.F32:
+            narrow = len(tensors)
+            tensors.append(Tensor(narrow, TensorType(program.tensors[tid].type.shape, target),
+                                  "intermediate"))
+            tensors[tid] = program.tensors[tid]
+            kernels.append(Kernel("Cast", ops.Cast(target), (tid,), narrow))
+            renamed[tid] = narrow
+    for kernel in program.kernels:
+        kernels.append(dataclasses.replace(
+            kernel, op=_op(kernel.op, target),
+            inputs=tuple(renamed.get(t, t) for t in kernel.inputs),
+            body=_expr(kernel.body, target), prologue=_expr(kernel.prologue, target),
+            epilogue=_expr(kernel.epilogue, target)))
+    outputs = []
+    for tid in program.outputs:
+        source = renamed.get(tid, tid)
+        if program.tensors[tid].type.dtype is DType.F32:
+            wide = len(tensors)
+            tensors.append(Tensor(wide, program.tensors[tid].type, "output"))
+            kernels.append(Kernel("Cast", ops.Cast(DType.F32), (source,), wide))
+            tensors[source] = dataclasses.replace(tensors[source], role="intermediate") \
+                if tensors[source].role == "output" else tensors[source]
+            outputs.append(wide)
+        else:
+            outputs.append(source)
+    return Program(tensors, kernels, inputs, list(program.input_names), outputs,
+                   list(program.output_names), constants, program.name)

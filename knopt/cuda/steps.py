@@ -1,0 +1,151 @@
+"""What a plan runs, step by step: kernel launches and library calls over plan tensors.
+
+Steps are plain data (no CUDA objects), so planning and code generation run and are tested
+without a GPU. Tensor arguments are plan tensor ids; the executor turns them into addresses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from knopt.ir.dtype import DType
+
+
+@dataclass(frozen=True)
+class Buf:
+    """A kernel argument: the address of plan tensor `tensor` (its element at index 0)."""
+
+    tensor: int
+
+
+Arg = Buf | np.generic
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One NVRTC kernel launch. `source` defines `extern "C"` kernel `name` (and nothing else).
+
+    Attributes:
+        shared: Dynamic shared memory bytes.
+    """
+
+    name: str
+    source: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple[Arg, ...]
+    shared: int = 0
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A GEMM operand in row-major terms: `rows x cols` matrices, `batch` of them.
+
+    Exactly one of `row_stride` and `col_stride` is 1 (or the matrix has one row or column).
+    """
+
+    tensor: int
+    rows: int
+    cols: int
+    row_stride: int
+    col_stride: int
+    batch_stride: int
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """`d = act(alpha * a @ b + beta * c + bias)` for each of `batch` matrix triples (cuBLASLt).
+
+    Attributes:
+        bias: A contiguous vector of `d.cols` elements added to every row, or None.
+        residual: `c`, of d's shape, added with beta 1; None for beta 0.
+        activation: "", "relu" or "gelu_tanh" (cuBLASLt epilogues).
+        precision: "f32" (strict), "tf32", or the half types' name.
+        fallback: The in-place kernel that applies the fused epilogue to `d` when cuBLASLt
+            cannot fuse it; the GEMM then runs plain.
+    """
+
+    a: Operand
+    b: Operand
+    d: Operand
+    batch: int
+    dtype: DType
+    precision: str
+    alpha: float = 1.0
+    bias: int | None = None
+    residual: Operand | None = None
+    activation: str = ""
+    fallback: Launch | None = None
+
+
+@dataclass(frozen=True)
+class Conv:
+    """A cuDNN convolution `y = act(conv(x, w) + bias + residual)` on contiguous NC... tensors.
+
+    Attributes:
+        bias: A contiguous `[K]` vector, or None.
+        residual: A contiguous tensor of y's shape, or None.
+        fallback: The in-place kernel that applies the fused epilogue to `y` when cuDNN cannot
+            fuse it; the convolution then runs plain.
+        direct: A kernel computing the plain convolution, for when cuDNN has no engine.
+    """
+
+    x: int
+    w: int
+    y: int
+    x_shape: tuple[int, ...]
+    w_shape: tuple[int, ...]
+    y_shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    pads: tuple[tuple[int, int], ...]
+    dilations: tuple[int, ...]
+    groups: int
+    dtype: DType
+    precision: str
+    bias: int | None = None
+    residual: int | None = None
+    relu: bool = False
+    fallback: Launch | None = None
+    direct: Launch | None = None
+
+
+Step = Launch | Gemm | Conv
+
+
+def step_tensors(step: Step) -> list[int]:
+    """The plan tensors a step reads or writes."""
+    if isinstance(step, Launch):
+        return [arg.tensor for arg in step.args if isinstance(arg, Buf)]
+    if isinstance(step, Gemm):
+        found = [step.a.tensor, step.b.tensor, step.d.tensor]
+        if step.residual is not None:
+            found.append(step.residual.tensor)
+        if step.bias is not None:
+            found.append(step.bias)
+    else:
+        found = [step.x, step.w, step.y]
+        found += [t for t in (step.bias, step.residual) if t is not None]
+    if step.fallback is not None:
+        found += step_tensors(step.fallback)
+    if isinstance(step, Conv) and step.direct is not None:
+        found += step_tensors(step.direct)
+    return found
+
+
+def describe_step(step: Step) -> str:
+    """One line naming a step, for plan dumps and error messages."""
+    if isinstance(step, Launch):
+        return f"launch {step.name} grid {step.grid} block {step.block}"
+    if isinstance(step, Gemm):
+        extras = [x for x in ("bias" if step.bias is not None else "",
+                              "residual" if step.residual is not None else "",
+                              step.activation) if x]
+        return (f"gemm {step.batch}x[{step.a.rows}x{step.a.cols}]@[{step.b.rows}x{step.b.cols}] "
+                f"{step.dtype.short}" + (f" +{'+'.join(extras)}" if extras else ""))
+    extras = [x for x in ("bias" if step.bias is not None else "",
+                          "residual" if step.residual is not None else "",
+                          "relu" if step.relu else "") if x]
+    return (f"conv x{list(step.x_shape)} w{list(step.w_shape)} {step.dtype.short}"
+            + (f" +{'+'.join(extras)}" if extras else ""))

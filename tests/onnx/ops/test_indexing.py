@@ -1,0 +1,54 @@
+"""GatherElements and ReverseSequence import, with static and symbolic (dynamic) sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+import knopt
+from tests.onnx.ops.node_models import assert_matches, node_model
+from tests.oracle import run_onnxruntime
+
+
+def test_gather_elements_with_symbolic_batch_and_sequence_matches_onnxruntime(
+    rng: np.random.Generator,
+) -> None:
+    data = helper.make_tensor_value_info("data", TensorProto.FLOAT, ["batch", "seq", 4])
+    index = helper.make_tensor_value_info("index", TensorProto.INT64, ["batch", "seq", 2])
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    node = helper.make_node("GatherElements", ["data", "index"], ["y"], axis=2)
+    graph = helper.make_graph([node], "gather", [data, index], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    session = knopt.compile(model.SerializeToString())
+    for batch, seq in ((1, 3), (2, 5)):
+        feeds = {
+            "data": rng.uniform(-1, 1, (batch, seq, 4)).astype(np.float32),
+            "index": rng.integers(-4, 4, (batch, seq, 2)).astype(np.int64),
+        }
+        (ours,) = session.run(None, feeds)
+        np.testing.assert_array_equal(ours, run_onnxruntime(model, feeds)[0])
+
+
+def test_gather_elements_along_a_middle_axis_matches_onnxruntime(
+    rng: np.random.Generator,
+) -> None:
+    data = rng.uniform(-1, 1, (3, 5, 2)).astype(np.float32)
+    index = rng.integers(0, 5, (3, 2, 2)).astype(np.int64)
+    model = node_model("GatherElements", {"data": data, "index": index}, ["y"], opset=13, axis=1)
+    assert_matches(model, {"data": data, "index": index}, rtol=0, atol=0)
+
+
+def test_reverse_sequence_reverses_each_sequence_within_its_length(
+    rng: np.random.Generator,
+) -> None:
+    x = rng.uniform(-1, 1, (4, 3, 2)).astype(np.float32)
+    lengths = np.array([4, 1, 3], np.int64)
+    model = node_model(
+        "ReverseSequence",
+        {"x": x, "lengths": lengths},
+        ["y"],
+        opset=10,
+        batch_axis=1,
+        time_axis=0,
+    )
+    assert_matches(model, {"x": x, "lengths": lengths}, rtol=0, atol=0)

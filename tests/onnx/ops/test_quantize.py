@@ -1,0 +1,58 @@
+"""Quantization import: QuantizeLinear, DequantizeLinear and QLinear ops agree with onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.onnx.ops.node_models import assert_matches, node_model
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16])
+def test_per_axis_quantize_rounds_half_to_even_and_saturates(
+    rng: np.random.Generator, dtype: type
+) -> None:
+    x = rng.uniform(-300, 300, (2, 3, 4)).astype(np.float32)
+    x[0, 0, :2] = [0.5, 1.5]  # ties go to the even neighbour
+    constants = {
+        "scale": np.array([0.5, 1.0, 2.0], np.float32),
+        "zero": np.array([1, 2, 3], dtype),
+    }
+    model = node_model("QuantizeLinear", {"x": x}, ["y"], opset=21, constants=constants, axis=1)
+    assert_matches(model, {"x": x}, rtol=0, atol=0)
+
+
+def test_blocked_dequantize_matches_onnxruntime(rng: np.random.Generator) -> None:
+    x = rng.integers(-128, 128, (2, 6)).astype(np.int8)
+    constants = {
+        "scale": rng.uniform(0.1, 1, (2, 3)).astype(np.float32),
+        "zero": rng.integers(-5, 5, (2, 3)).astype(np.int8),
+    }
+    model = node_model(
+        "DequantizeLinear", {"x": x}, ["y"], opset=21, constants=constants, axis=1, block_size=2
+    )
+    assert_matches(model, {"x": x})
+
+
+def test_qlinear_conv_with_per_channel_weights_matches_onnxruntime(
+    rng: np.random.Generator,
+) -> None:
+    x = rng.integers(0, 256, (1, 2, 5, 5)).astype(np.uint8)
+    constants = {
+        "x_scale": np.array(0.05, np.float32),
+        "x_zero": np.array(128, np.uint8),
+        "w": rng.integers(-127, 128, (3, 2, 3, 3)).astype(np.int8),
+        "w_scale": rng.uniform(0.01, 0.05, 3).astype(np.float32),
+        "w_zero": np.zeros(3, np.int8),
+        "y_scale": np.array(0.2, np.float32),
+        "y_zero": np.array(10, np.uint8),
+        "bias": rng.integers(-100, 100, 3).astype(np.int32),
+    }
+    model = node_model("QLinearConv", {"x": x}, ["y"], opset=10, constants=constants, pads=[1] * 4)
+    assert_matches(model, {"x": x}, rtol=0, atol=1)
+
+
+def test_dynamic_quantize_linear_matches_onnxruntime(rng: np.random.Generator) -> None:
+    x = rng.uniform(-2, 5, (3, 4)).astype(np.float32)
+    model = node_model("DynamicQuantizeLinear", {"x": x}, ["y", "scale", "zero"], opset=11)
+    assert_matches(model, {"x": x})
