@@ -71,9 +71,18 @@ def format_report(report: OptimizeReport) -> str:
                  f"{len(facts)} typing and folding rules):")
     for name, count in sorted(rewrites.items(), key=lambda kv: (-kv[1], kv[0])):
         lines.append(f"  {count:6d}  {name}")
-    shown = [p for p in report.patterns if p.op not in ("Splat", "Constant", "View", "Broadcast")]
+    if report.program:
+        total = sum(k["seconds"] for k in report.program)
+        lines.append(f"kernels ({report.kernels} launches, estimated {_us(total)}):")
+        for kernel in report.program:
+            what = kernel["kind"] + (f"[{kernel['op']}]" if kernel["op"] and
+                                     kernel["op"] != kernel["kind"] else "")
+            covered = ", ".join(kernel["names"][:4])
+            more = f" +{len(kernel['names']) - 4}" if len(kernel["names"]) > 4 else ""
+            lines.append(f"  {_us(kernel['seconds']):>10}  {what:24s} {covered}{more}")
+    shown = report.patterns
     if shown:
-        lines.append("recognised and fused (what replaced which original nodes):")
+        lines.append("recognised patterns (what replaced which original nodes):")
         for pattern in sorted(shown, key=lambda p: (p.op, p.replaced)):
             shown = ", ".join(pattern.replaced[:6])
             more = f" and {len(pattern.replaced) - 6} more" if len(pattern.replaced) > 6 else ""

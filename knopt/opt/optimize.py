@@ -46,6 +46,7 @@ class OptimizeReport:
     patterns: list[Pattern] = field(default_factory=list)
     egraph_nodes: int = 0
     kernels: int = 0
+    program: list[dict[str, Any]] = field(default_factory=list)  # kernel, op, seconds, names
     extraction: str = ""
     ilp_status: str = ""
     profile: str = "cpu"
@@ -66,6 +67,7 @@ class OptimizeReport:
             "patterns": [vars(p) for p in self.patterns],
             "egraph_nodes": self.egraph_nodes,
             "kernels": self.kernels,
+            "program": self.program,
             "extraction": self.extraction,
             "ilp_status": self.ilp_status,
             "profile": self.profile,
@@ -150,13 +152,36 @@ def optimize(
         user_rules=[r.name for r in extra],
     )
     covered = covered_nodes(graph, saturation.ir_nodes, extraction.choice, roots)
-    for cls, node, names in covered:
-        kind = node.args[0] if node.op in ("UnaryOp", "BinaryOp") else node.op
-        report.patterns.append(Pattern(kind, names, model.node_cost(cls, node)))
-    program = _program(rebuilt, extraction.choice, model, {c: n for c, _, n in covered})
+    names = {c: n for c, _, n in covered}
+    program = _program(rebuilt, extraction.choice, model, names)
+    report.patterns = _patterns(rebuilt, extraction.choice, model, names)
     report.kernels = len(program.launches())
+    report.program = [
+        {"kind": k.kind, "op": k.op.name if k.op else "", "seconds": k.cost, "names": list(k.names)}
+        for k in program.launches()
+    ]
     report.seconds = time.perf_counter() - start
     return OptimizeResult(optimized, program, report)
+
+
+RECOGNISED = frozenset({"LayerNorm", "RmsNorm", "Softmax", "Attention", "GELU", "GELU_TANH",
+                        "SILU", "SIGMOID", "HARD_SIGMOID", "HARD_SWISH"})
+
+
+def _patterns(
+    rebuilt: Rebuilt, choice: dict[int, ENode], model: CostModel, names: dict[int, list[str]]
+) -> list[Pattern]:
+    """The recognised ops of the optimized graph, with the original nodes they replace."""
+    found = []
+    for node in rebuilt.graph.nodes:
+        if node.op.name not in RECOGNISED:
+            continue
+        cls = rebuilt.kernel_of.get(id(node), rebuilt.class_of.get(id(node)))
+        if cls is None:
+            continue
+        replaced = names.get(cls) or ([node.name] if node.name else [])
+        found.append(Pattern(node.op.name, replaced, model.node_cost(cls, choice[cls])))
+    return found
 
 
 def _program(
