@@ -41,6 +41,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--node-limit", type=int, default=Limits.nodes,
                         help="e-nodes before stopping saturation (default: %(default)s)")
     parser.add_argument("--no-ilp", action="store_true", help="skip the exact ILP extraction")
+    parser.add_argument("--flat", action="store_true",
+                        help="save plain ops, without the fused kernels as ONNX functions")
     parser.add_argument("--opset", type=int, default=None,
                         help="ONNX opset of the output (default: the model's, at least 18)")
     parser.set_defaults(run=run)
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         args.report_json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
     if args.output:
         opset = args.opset or max(18, default_opset(model))
-        knopt.save(result.graph, args.output, opset=opset)
+        result.save(args.output, kernels=not args.flat, opset=opset)
     summary = (
         f"{args.model.name}: {report.nodes_before} -> {report.nodes_after} nodes, estimated "
         f"{report.cost_before * 1e6:.1f} -> {report.cost_after * 1e6:.1f} us "

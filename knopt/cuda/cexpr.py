@@ -74,7 +74,8 @@ def literal(value: float, dtype: DType) -> str:
             return f"(({c_type})(-9223372036854775807LL - 1))"
         suffix = "ULL" if not dtype.is_signed else "LL"
         return f"(({c_type}){number}{suffix})"
-    rounded = float(np.asarray(value, dtype=np.float64).astype(dtype.numpy).astype(np.float64))
+    with np.errstate(over="ignore"):  # beyond the type's range is infinity, as numpy stores it
+        rounded = float(np.asarray(value, np.float64).astype(dtype.numpy).astype(np.float64))
     double = dtype is DType.F64
     if math.isnan(rounded):
         return "KN_NAN_D" if double else "KN_NAN_F"

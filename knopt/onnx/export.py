@@ -60,7 +60,10 @@ def save_onnx(
     return model
 
 
-def _model(graph: Graph, opset: int) -> onnx.ModelProto:
+def _model(
+    graph: Graph, opset: int, spans: dict[int, tuple[int, int]] | None = None
+) -> onnx.ModelProto:
+    """The ONNX model of a graph; `spans` receives, per IR node id, the range of its nodes."""
     from knopt import __version__
 
     emitter = Emitter(graph, opset=opset)
@@ -70,9 +73,12 @@ def _model(graph: Graph, opset: int) -> onnx.ModelProto:
         if exporter is None:
             raise UnsupportedModelError(f"{node.describe()}: op cannot be exported to ONNX")
         emitter.begin(node)
+        start = len(emitter.nodes)
         names[id(node.output)] = exporter(
             emitter, node.op, node, [names[id(v)] for v in node.inputs]
         )
+        if spans is not None:
+            spans[id(node)] = (start, len(emitter.nodes))
     _name_outputs(emitter, graph, names)
     proto = helper.make_graph(
         emitter.nodes,

@@ -88,6 +88,23 @@ class OptimizeResult:
     graph: Graph
     program: Program
     report: OptimizeReport
+    groups: dict[int, int] = field(default_factory=dict)  # fused graph node id -> kernel key
+    group_kinds: dict[int, str] = field(default_factory=dict)  # kernel key -> kernel kind
+
+    def save(self, path: str | Path | None = None, *, kernels: bool = True,
+             opset: int = 18) -> Any:
+        """Save as ONNX: with fused kernels as `knopt` functions, or (kernels=False) flat.
+
+        Raises:
+            KnoptError: If the model cannot be written.
+        """
+        if not kernels:
+            from knopt.onnx.export import save_onnx
+
+            return save_onnx(self.graph, path, opset=opset)
+        from knopt.onnx.export_kernels import save_kernels
+
+        return save_kernels(self.graph, self.groups, self.group_kinds, path, opset=opset)
 
 
 def _profile(profile: str | DeviceProfile) -> DeviceProfile:
@@ -161,7 +178,21 @@ def optimize(
         for k in program.launches()
     ]
     report.seconds = time.perf_counter() - start
-    return OptimizeResult(optimized, program, report)
+    kinds = {}
+    for node in optimized.nodes:
+        key = rebuilt.kernel_of.get(id(node))
+        if key is not None:
+            kinds[key] = _kernel_kind(choice_node=extraction.choice[key])
+    return OptimizeResult(optimized, program, report, dict(rebuilt.kernel_of), kinds)
+
+
+_KERNEL_KINDS = {"KElem": "elementwise", "KReduce": "reduce", "KSoftmax": "softmax",
+                 "KLayerNorm": "layer_norm", "KRmsNorm": "rms_norm", "KMatMul": "matmul",
+                 "KConv": "conv"}
+
+
+def _kernel_kind(choice_node: ENode) -> str:
+    return _KERNEL_KINDS.get(choice_node.op, choice_node.op)
 
 
 RECOGNISED = frozenset({"LayerNorm", "RmsNorm", "Softmax", "Attention", "GELU", "GELU_TANH",
