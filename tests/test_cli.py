@@ -146,3 +146,28 @@ def test_run_rejects_malformed_dims(
     args = ["run", str(MLP.path), "--inputs", str(tmp_path / "in.npz"), "--dims", dims]
     assert main(args) == 2
     assert "NAME=SIZE" in capsys.readouterr().err
+
+
+def test_info_looks_inside_model_local_functions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = [
+        helper.make_node("Relu", ["a"], ["b"], name="inner_relu"),
+        helper.make_node("NoSuchOp", ["b"], ["c"], name="inner_strange"),
+    ]
+    function = helper.make_function(
+        "local", "Block", ["a"], ["c"], body, [helper.make_opsetid("", 18)]
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Block", ["x"], ["y"], name="call", domain="local")],
+        "functions",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("local", 1)]
+    path = tmp_path / "functions.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, functions=[function]), path)
+    assert main(["info", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "NoSuchOp: 'inner_strange'" in out
+    assert "Block" not in out.split("unsupported ops")[1]

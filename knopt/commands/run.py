@@ -17,9 +17,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register the `run` subcommand."""
     parser = subparsers.add_parser(
         "run",
-        help="run a model on the CPU with inputs from an .npz file",
-        description="Run an ONNX model on knopt's CPU executor. The .npz files hold one array "
-        "per model input (or output), named after it.",
+        help="run a model on the CPU or a GPU with inputs from an .npz file",
+        description="Run an ONNX model on knopt's CPU executor or its CUDA backend. The .npz "
+        "files hold one array per model input (or output), named after it.",
     )
     parser.add_argument("model", help="the .onnx file")
     parser.add_argument("--inputs", required=True, metavar="IN.npz", help="the input arrays")
@@ -33,12 +33,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="NAME=SIZE",
         help="fix a symbolic input size when loading, such as batch=2 (repeatable)",
     )
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda", "best"],
+        default="cpu",
+        help="where to run (best: cuda when a GPU is usable; default: cpu)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=["f32", "tf32", "fp16", "bf16"],
+        default="f32",
+        help="on cuda: strict f32 (default), tf32, fp16 or bf16",
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the model and write or print its outputs."""
-    session = knopt.compile(knopt.load(args.model, parse_dims(args.dims)))
+    session = knopt.compile(
+        knopt.load(args.model, parse_dims(args.dims)), args.device, precision=args.precision
+    )
     feeds = _read_inputs(Path(args.inputs))
     missing = [name for name in session.input_names if name not in feeds]
     if missing:
@@ -49,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     outputs = dict(zip(session.output_names, session.run(None, feeds), strict=True))
     if args.output is not None:
         try:
-            np.savez(args.output, **outputs)  # type: ignore[arg-type]
+            np.savez(args.output, **outputs)
         except OSError as err:
             raise KnoptError(f"{args.output}: cannot write the outputs ({err.strerror})") from err
         print(f"wrote {len(outputs)} output(s) to {args.output}")

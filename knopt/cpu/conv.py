@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from knopt.ir.op import Conv, Pool, PoolKind
 
@@ -20,6 +19,8 @@ def windows(
     out_spatial: tuple[int, ...],
 ) -> Array:
     """A read-only view `[N, C, *out_spatial, *kernel]` of the windows of padded `x`."""
+    if not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)  # the view below needs one buffer
     lead = x.strides[:2]
     spatial = x.strides[2:]
     shape = (*x.shape[:2], *out_spatial, *kernel)
@@ -28,7 +29,11 @@ def windows(
         *(st * s for st, s in zip(spatial, strides, strict=True)),
         *(st * d for st, d in zip(spatial, dilations, strict=True)),
     )
-    return as_strided(x, shape, steps, writeable=False)
+    # The same view as_strided makes, built directly: as_strided goes through
+    # __array_interface__ and costs 10 us, more than a small convolution's arithmetic.
+    view = np.ndarray(shape, x.dtype, buffer=x, strides=steps)
+    view.flags.writeable = False
+    return view
 
 
 def conv(op: Conv, x: Array, w: Array) -> Array:
@@ -53,12 +58,8 @@ def conv(op: Conv, x: Array, w: Array) -> Array:
     view = windows(xp, kernel, op.strides, op.dilations, out_spatial)
     # Kernel axes before position axes: the copy that reshape makes is then im2col's layout.
     cols = view.transpose(0, 1, *range(2 + spatial, 2 + 2 * spatial), *range(2, 2 + spatial))
-    if g == c == m and w.shape[1] == 1:
-        # Depthwise: one K-long dot product per channel and position, not N*C tiny GEMMs.
-        out = np.einsum("nckp,ck->ncp", cols.reshape(n, c, k, positions), w.reshape(c, k))
-    else:
-        wg = w.reshape(g, m // g, c // g * k)
-        out = np.matmul(wg, cols.reshape(n, g, c // g * k, positions))
+    wg = w.reshape(g, m // g, c // g * k)
+    out = np.matmul(wg, cols.reshape(n, g, c // g * k, positions))
     return out.reshape(n, m, *out_spatial)
 
 

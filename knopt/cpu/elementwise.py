@@ -95,7 +95,7 @@ NUMPY_UNARY: dict[Unary, Callable[[Array], Array]] = {
 
 
 def _int_div(a: Array, b: Array) -> Array:
-    if not np.issubdtype(a.dtype, np.integer):
+    if a.dtype.kind not in "iu":  # not signed or unsigned integers (issubdtype is 10x slower)
         return np.divide(a, b)
     # ONNX integer Div truncates toward zero (C semantics); numpy's // floors.
     quotient = np.floor_divide(a, b)
@@ -104,7 +104,7 @@ def _int_div(a: Array, b: Array) -> Array:
 
 
 def _pow(a: Array, b: Array) -> Array:
-    if np.issubdtype(a.dtype, np.integer) and np.issubdtype(b.dtype, np.integer):
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
         return np.power(a, b.astype(a.dtype))
     if b.size == 1:
         exponent = b.reshape(())[()]

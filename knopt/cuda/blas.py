@@ -1,5 +1,6 @@
-"""cuBLASLt GEMMs (nvmath-python's low-level bindings) with fused epilogues; one cached plan
-(descriptors, layouts and the heuristic's algorithm) per distinct GEMM.
+"""cuBLASLt GEMMs with fused epilogues, through nvmath-python's low-level bindings.
+
+One cached plan (descriptors, layouts and the heuristic's algorithm) per distinct GEMM.
 
 Row-major `D = A @ B` is column-major `D^T = B^T @ A^T`, so cuBLASLt's "A" is our B and its
 "B" our A; the bias vector then runs along cuBLASLt's rows, which are our output columns.
@@ -69,6 +70,7 @@ class GemmPlan:
         self.step = step
         self.fused = fused
         dtype = _TYPES[step.dtype]
+        scale_dtype: type[np.floating[Any]]
         if step.dtype is DType.F64:
             compute, scale_type, scale_dtype = cublas.ComputeType.COMPUTE_64F, \
                 CudaDataType.CUDA_R_64F, np.float64
@@ -141,7 +143,9 @@ class GemmPlan:
             _desc(self.desc, lt.MatmulDescAttribute.BIAS_POINTER, addresses[step.bias])
         a, b, d = addresses[step.a.tensor], addresses[step.b.tensor], addresses[step.d.tensor]
         c = addresses[step.residual.tensor] if self.fused and step.residual is not None else d
-        algo = self.algo.ctypes.data + self.algo.dtype.fields["algo"][1]
+        fields = self.algo.dtype.fields
+        assert fields is not None
+        algo = self.algo.ctypes.data + fields["algo"][1]
         _call("matmul", lt.matmul, self.handle, self.desc, self.alpha.ctypes.data, b,
               self.a_layout, a, self.b_layout, self.beta.ctypes.data, c, self.c_layout, d,
               self.d_layout, algo, workspace, self.workspace, stream)

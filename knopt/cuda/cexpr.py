@@ -223,8 +223,8 @@ def cast(value: str, source: DType, target: DType) -> str:
 def _clamp_bounds(lo: float, hi: float, dtype: DType) -> tuple[str, str]:
     if dtype.is_int:
         info = np.iinfo(dtype.numpy)
-        low = info.min if lo == -math.inf else int(math.ceil(max(lo, info.min)))
-        high = info.max if hi == math.inf else int(math.floor(min(hi, info.max)))
+        low = int(info.min) if lo == -math.inf else math.ceil(max(lo, info.min))
+        high = int(info.max) if hi == math.inf else math.floor(min(hi, info.max))
         return literal(low, dtype), literal(high, dtype)
     return literal(lo, dtype), literal(hi, dtype)
 

@@ -1,5 +1,6 @@
-"""cuDNN convolutions through the cuDNN frontend's graph API: conv, then the bias, residual and
-RELU the step fuses; one built graph (plan) per distinct convolution.
+"""cuDNN convolutions through the cuDNN frontend's graph API, one built graph per convolution.
+
+A graph is the conv, then the bias, residual and RELU the step fuses.
 
 Strict f32 leaves out the engines that compute with TF32 tensor cores. One-dimensional
 convolutions run as two-dimensional ones of height 1.
@@ -36,7 +37,7 @@ def _lift(step: Conv) -> tuple[list[int], list[int], list[int], list[int], list[
     post = [p[1] for p in step.pads]
     strides, dilations = list(step.strides), list(step.dilations)
     if len(x) == 3:
-        x, w, y = x[:2] + [1] + x[2:], w[:2] + [1] + w[2:], y[:2] + [1] + y[2:]
+        x, w, y = [*x[:2], 1, *x[2:]], [*w[:2], 1, *w[2:]], [*y[:2], 1, *y[2:]]
         pre, post, strides, dilations = [0, *pre], [0, *post], [1, *strides], [1, *dilations]
     return x, w, y, pre, post, strides, dilations, [1, y[1]] + [1] * (len(y) - 2)
 
@@ -119,8 +120,12 @@ class Dnn:
         self.declined: dict[Conv, str] = {}
 
     def plan(self, step: Conv) -> ConvPlan | None:
-        """The plan of `step`: fused if cuDNN takes the epilogue, else plain; None if cuDNN
-        has no engine for the convolution at all (the caller then runs the direct kernel)."""
+        """The plan of `step`: fused if cuDNN takes the epilogue, else plain.
+
+        Returns:
+            None if cuDNN has no engine for the convolution at all (the caller then runs the
+            step's direct kernel).
+        """
         if step not in self._plans:
             fusing = step.bias is not None or step.residual is not None or step.relu
             attempts = [True, False] if fusing and step.fallback is not None else [fusing]

@@ -1,5 +1,8 @@
-"""The CUDA device through cuda.core (device, stream, memory, launches) and cuda.bindings (copies,
-events, stream capture). Every driver status passes through `check()`, which names the call."""
+"""The CUDA device: cuda.core for device, stream, memory and launches; cuda.bindings for the rest.
+
+Copies, events and stream capture use cuda.bindings. Every driver status passes through
+`check()`, which names the call.
+"""
 
 from __future__ import annotations
 

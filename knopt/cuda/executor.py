@@ -1,5 +1,6 @@
-"""Run a Plan: compile its kernels, build its library plans, place its memory, run it once
-eagerly, then capture the whole launch list in a CUDA graph and replay that.
+"""Run a Plan: compile, build library plans, allocate, run once eagerly, then replay a CUDA graph.
+
+The whole launch list is captured in one graph after the eager run.
 
 Inputs come as numpy arrays (copied into the plan's input buffers) or as GPU arrays through
 DLPack or the CUDA array interface, used in place: the graph is captured again whenever their
@@ -30,6 +31,7 @@ from knopt.ir.shape import format_shape
 MODULE_KERNELS = 24  # kernels per NVRTC translation unit: headers parse once per unit
 GRAPHS_KEPT = 4
 ALIGNMENT = 16  # bytes an external input must be aligned to for vector loads
+Binding = tuple[tuple[int, int], ...]  # (input buffer, external address) pairs
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,8 @@ class Executable:
         for buffer_id, data in plan.constants.items():
             self.gpu.upload(self._buffer_address(buffer_id), data)
         self.input_buffers = {name: plan.tensors[tid].buffer for name, tid in plan.inputs}
-        self._graphs: OrderedDict[tuple[int, ...], Any] = OrderedDict()
-        self._ran_eagerly: set[tuple[int, ...]] = set()
+        self._graphs: OrderedDict[Binding, Any] = OrderedDict()
+        self._ran_eagerly: set[Binding] = set()
 
     # ---- preparation ---------------------------------------------------------------------
 
@@ -190,7 +192,7 @@ class Executable:
         """Replay the most recently used graph (for timing; inputs stay as last bound)."""
         self.gpu.replay(next(reversed(self._graphs.values())))
 
-    def _capture(self, key: tuple[int, ...], bound: Mapping[int, int]) -> None:
+    def _capture(self, key: Binding, bound: Mapping[int, int]) -> None:
         calls = self._enqueuers(bound)
         self.gpu.begin_capture()
         try:

@@ -135,14 +135,14 @@ def view_layout(op: ops.Op, source: Layout) -> Layout | None:
         TypeError: If `op` is not a view op (a knopt bug).
     """
     if isinstance(op, ops.View):
-        return source.reshape([int(d) for d in op.shape])  # type: ignore[call-overload]
+        return source.reshape([int(d) for d in op.shape])  # type: ignore[arg-type]
     if isinstance(op, ops.Broadcast):
-        return source.broadcast([int(d) for d in op.shape])  # type: ignore[call-overload]
+        return source.broadcast([int(d) for d in op.shape])  # type: ignore[arg-type]
     if isinstance(op, ops.Permute):
         return source.permute(op.perm)
     if isinstance(op, ops.Slice):
-        stop = min(int(op.stop), source.shape[op.axis])  # type: ignore[call-overload]
-        return source.slice(op.axis, int(op.start), stop, op.step)  # type: ignore[call-overload]
+        stop = min(int(op.stop), source.shape[op.axis])  # type: ignore[arg-type]
+        return source.slice(op.axis, int(op.start), stop, op.step)  # type: ignore[arg-type]
     if isinstance(op, ops.Flip):
         return source.flip(op.axis)
     raise TypeError(f"{op.name} is not a view op")

@@ -21,8 +21,8 @@ from knopt.cuda.layout import Layout, view_layout
 from knopt.errors import CodegenError
 from knopt.ir import op as ops
 from knopt.ir.op import TensorType
-from knopt.opt.program import CastE, ClampE, Expr, Kernel, Load, UnaryE, WhereE
 from knopt.opt.program import BinaryE as BinaryExpr
+from knopt.opt.program import CastE, ClampE, Expr, Kernel, Load, UnaryE, WhereE
 
 Lowering = Callable[[LoweringContext, Kernel], None]
 
@@ -42,7 +42,8 @@ def _view_copy(ctx: LoweringContext, kernel: Kernel) -> None:
     if layout is None:
         dense = ctx.new_tensor(ctx.tensor(source).shape, ctx.dtype(source))
         _emit_copy(ctx, dense, source)
-        layout = Layout.contiguous(ctx.tensor(source).shape).reshape(ctx.tensor(kernel.output).shape)
+        dense_layout = Layout.contiguous(ctx.tensor(source).shape)
+        layout = dense_layout.reshape(ctx.tensor(kernel.output).shape)
         assert layout is not None
         source = dense
     viewed = ctx.add_tensor(ctx.dtype(source), layout, ctx.tensor(source).buffer)

@@ -67,12 +67,14 @@ def build_plan(program: Program, precision: str = "f32") -> Plan:
     """
     ctx = LoweringContext(precision)
     constants = ctx.constants
+    inputs = set(program.inputs)
     for tensor in program.tensors:
         where = f"tensor %{tensor.id}"
         check_dtype(tensor.type.dtype, where)
         shape = _static_shape(tensor.type.shape, where)
         ctx.tensors.append(PlanTensor(tensor.id, tensor.type.dtype, Layout.contiguous(shape), -1))
-        if tensor.role in ("input", "constant") or tensor.id in program.constants:
+        # By membership, not role: a role says "output" when an input is an output too.
+        if tensor.id in inputs or tensor.id in program.constants:
             region = "constant" if tensor.id in program.constants else "input"
             ctx.tensors[-1].buffer = ctx.new_buffer(_nbytes(ctx.tensors[-1]), region)
             if region == "constant":

@@ -68,8 +68,8 @@ def _run(egraph: eb.EGraph, commands: Sequence[Any], what: str) -> list[Any]:
         raise
 
 
-def schedule_steps(egraph: eb.EGraph, schedule: RuleFile) -> list[tuple[str, Any]]:
-    """The schedule's steps as (description, command) pairs, top-level repeats unrolled.
+def schedule_steps(egraph: eb.EGraph, schedule: RuleFile) -> list[list[tuple[str, Any]]]:
+    """Per `run-schedule` (phase), its steps as (description, command), repeats unrolled.
 
     Raises:
         RuleFileError: If the schedule holds anything but `run-schedule` commands.
@@ -78,10 +78,12 @@ def schedule_steps(egraph: eb.EGraph, schedule: RuleFile) -> list[tuple[str, Any
         commands = egraph.parse_program(schedule.text, filename=schedule.name)
     except eb.EggSmolError as err:
         raise RuleFileError(f"{schedule.name}: {err}") from err
-    steps = []
+    phases = []
     for command in commands:
         if type(command).__name__ != "UserDefined" or command.name != "run-schedule":
             raise RuleFileError(f"{schedule.name}: holds `{command}`; it may only run schedules")
+        steps: list[tuple[str, Any]] = []
+        phases.append(steps)
         for item in command.args:
             if getattr(item, "name", None) == "repeat":
                 count, *body = item.args
@@ -92,7 +94,7 @@ def schedule_steps(egraph: eb.EGraph, schedule: RuleFile) -> list[tuple[str, Any
                         steps.append((label, eb.UserDefined(SPAN, "run-schedule", [part])))
             else:
                 steps.append((str(item), eb.UserDefined(SPAN, "run-schedule", [item])))
-    return steps
+    return phases
 
 
 def _size(egraph: eb.EGraph) -> int:
@@ -105,8 +107,9 @@ def saturate(
     extra_rules: Sequence[RuleFile] = (),
     limits: Limits = Limits(),
     schedule: RuleFile | None = None,
+    phase: int = 0,
 ) -> Saturation:
-    """Run the rules over `graph` and return the serialized e-graph.
+    """Run one phase of the schedule over `graph` and return the serialized e-graph.
 
     Raises:
         RuleFileError: If a rule file or the schedule is malformed.
@@ -119,7 +122,10 @@ def saturate(
     _run(egraph, loaded.commands, "loading the graph")
     result = Saturation(EGraphData(), tables)
     start = time.perf_counter()
-    for label, command in schedule_steps(egraph, schedule or schedule_file()):
+    phases = schedule_steps(egraph, schedule or schedule_file())
+    if not 0 <= phase < len(phases):
+        raise RuleFileError(f"the schedule has {len(phases)} phases, not a phase {phase + 1}")
+    for label, command in phases[phase]:
         if time.perf_counter() - start > limits.seconds:
             result.stopped_by = f"time limit ({limits.seconds:g} s)"
             break

@@ -13,42 +13,31 @@ if TYPE_CHECKING:
     from knopt.opt.optimize import OptimizeReport
 
 
-def covered_nodes(
-    graph: Graph,
-    ir_nodes: Sequence[tuple[int, ENode]],
-    choice: dict[int, ENode],
-    roots: Sequence[int],
-) -> list[tuple[int, ENode, list[str]]]:
-    """Chosen nodes that replace original nodes, with the names of the nodes they replace.
+def attribute(
+    graph: Graph, ir_nodes: Sequence[tuple[int, ENode]], choice: dict[int, ENode]
+) -> dict[int, list[int]]:
+    """For each class the new program computes, the original nodes (indices) it stands for.
 
-    An original node is replaced by the chosen node of the first class downstream of it (in the
-    original graph) that the new program computes, when its own class is not computed as it
-    was. Chosen nodes that are just their class's original node are left out.
+    An original node belongs to its own class when the program computes that class; otherwise
+    to the class of the first reader downstream (in the original graph) that it computes.
     """
     index = {id(node): i for i, node in enumerate(graph.nodes)}
-    original = {cls: node for cls, node in ir_nodes}
-    owner: dict[int, int] = {}  # original node index -> class of the chosen node covering it
+    owner: dict[int, int] = {}  # original node index -> class that accounts for it
     for i in range(len(graph.nodes) - 1, -1, -1):
-        cls, node = ir_nodes[i]
+        cls, _ = ir_nodes[i]
         if isinstance(graph.nodes[i].op, Input):
             continue
-        if cls in choice and choice[cls] == node:
-            continue  # computed as before
         if cls in choice:
             owner[i] = cls
             continue
-        readers = [index[id(u)] for u in graph.nodes[i].output.users()]
-        owners = [owner[r] for r in readers if r in owner]
-        kept = [ir_nodes[r][0] for r in readers if ir_nodes[r][0] in choice and r not in owner]
-        if owners:
-            owner[i] = owners[0]
-        elif kept:
-            owner[i] = kept[0]
-    covered: dict[int, list[str]] = {}
-    for i, cls in owner.items():
-        covered.setdefault(cls, []).append(graph.nodes[i].name or graph.nodes[i].op.name)
-    del original, roots
-    return [(cls, choice[cls], sorted(set(names))) for cls, names in covered.items()]
+        readers = [owner[index[id(u)]] for u in graph.nodes[i].output.users()
+                   if index[id(u)] in owner]
+        if readers:
+            owner[i] = readers[0]
+    found: dict[int, list[int]] = {}
+    for i, cls in sorted(owner.items()):
+        found.setdefault(cls, []).append(i)
+    return found
 
 
 def format_report(report: OptimizeReport) -> str:

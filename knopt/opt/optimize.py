@@ -12,9 +12,9 @@ from knopt.errors import KnoptError
 from knopt.ir.graph import Graph
 from knopt.ir.validate import validate
 from knopt.opt.cost import PROFILES, CostModel, DeviceProfile
-from knopt.opt.egraph import Limits, saturate
-from knopt.opt.explain import covered_nodes
-from knopt.opt.extract import extract
+from knopt.opt.egraph import Limits, Phase, Saturation, saturate
+from knopt.opt.explain import attribute
+from knopt.opt.extract import Extraction, extract
 from knopt.opt.program import Program, program_from_graph
 from knopt.opt.rebuild import Rebuilt, rebuild_graph
 from knopt.opt.serialized import ENode
@@ -115,6 +115,37 @@ def _profile(profile: str | DeviceProfile) -> DeviceProfile:
     return PROFILES[profile]
 
 
+@dataclass
+class _Phase:
+    """One schedule phase run and extracted."""
+
+    saturation: Saturation
+    extraction: Extraction
+    rebuilt: Rebuilt
+    model: CostModel
+    roots: list[int]
+    seconds: float
+
+
+def _run_phase(
+    graph: Graph, phase: int, extra: Sequence[RuleFile], device: DeviceProfile, limits: Limits,
+    ilp: bool,
+) -> _Phase:
+    began = time.perf_counter()
+    saturation = saturate(graph, extra, limits, phase=phase)
+    data = saturation.data
+    roots = [saturation.ir_nodes[graph.nodes.index(v.producer)][0] for v in graph.outputs]
+    model = CostModel(data, device)
+    extracted = time.perf_counter()
+    extraction = extract(
+        data, roots, model.node_cost, saturation.ir_nodes, ilp_max_nodes=4000 if ilp else 0
+    )
+    saturation.phases.append(Phase("extraction", time.perf_counter() - extracted, 0))
+    rebuilt = rebuild_graph(data, saturation.tables, extraction.choice, roots, graph)
+    validate(rebuilt.graph)
+    return _Phase(saturation, extraction, rebuilt, model, roots, time.perf_counter() - began)
+
+
 def optimize(
     graph: Graph,
     *,
@@ -125,11 +156,14 @@ def optimize(
 ) -> OptimizeResult:
     """Optimize `graph` by equality saturation and cost-based extraction.
 
+    Phase 1 rewrites the graph with the algebra rules and extracts the cheapest program of ops;
+    phase 2 groups that program's ops into fused kernels (rules/schedule.egg).
+
     Args:
         graph: The graph to optimize (it is not changed).
         rules: Extra rule files, run with the shipped ones (their rules go in `algebra`).
         profile: The device whose costs guide extraction ("cpu", "h200", "h200-graph").
-        limits: Saturation bounds; hitting one keeps the best e-graph so far.
+        limits: Saturation bounds per phase; hitting one keeps the best e-graph so far.
         ilp: Whether to refine extraction with an ILP when the e-graph is small enough.
 
     Raises:
@@ -139,51 +173,64 @@ def optimize(
     start = time.perf_counter()
     device = _profile(profile)
     extra = [r if isinstance(r, RuleFile) else read_rule_file(r) for r in rules]
-    saturation = saturate(graph, extra, limits)
-    data = saturation.data
-    roots = [saturation.ir_nodes[graph.nodes.index(v.producer)][0] for v in graph.outputs]
-    model = CostModel(data, device)
-    began = time.perf_counter()
-    extraction = extract(
-        data, roots, model.node_cost, saturation.ir_nodes, ilp_max_nodes=4000 if ilp else 0
-    )
-    extract_seconds = time.perf_counter() - began
-    rebuilt = rebuild_graph(data, saturation.tables, extraction.choice, roots, graph)
-    optimized = rebuilt.graph
-    validate(optimized)
-    unfolded = CostModel(data, device, folding=False)
+    algebra = _run_phase(graph, 0, extra, device, limits, ilp)
+    first = algebra.rebuilt.graph
+    kernels = _run_phase(first, 1, extra, device, limits, ilp)
+    optimized = kernels.rebuilt.graph
+    # Original node names: through phase 1's classes to its graph, then through phase 2's.
+    origin = _origins(graph, algebra)
+    names = {
+        cls: sorted({name for i in nodes for name in origin.get(id(first.nodes[i]), [])})
+        for cls, nodes in attribute(first, kernels.saturation.ir_nodes,
+                                    kernels.extraction.choice).items()
+    }
+    unfolded = CostModel(algebra.saturation.data, device, folding=False)
+    fired = algebra.saturation.rules_fired + kernels.saturation.rules_fired
     report = OptimizeReport(
-        rules_fired={k: v for k, v in sorted(saturation.rules_fired.items()) if v},
+        rules_fired={k: v for k, v in sorted(fired.items()) if v},
         rulesets=rulesets_of([*shipped_rule_files(), *extra]),
         nodes_before=len(graph.nodes),
         nodes_after=len(optimized.nodes),
-        cost_before=sum(unfolded.node_cost(cls, node) for cls, node in saturation.ir_nodes),
-        cost_after=extraction.cost,
-        stopped_by=saturation.stopped_by,
-        phases=[vars(p) for p in saturation.phases]
-        + [{"name": "extraction", "seconds": extract_seconds, "matches": 0}],
-        egraph_nodes=saturation.egraph_nodes,
-        extraction=extraction.method,
-        ilp_status=extraction.ilp_status,
+        cost_before=sum(unfolded.node_cost(c, n) for c, n in algebra.saturation.ir_nodes),
+        cost_after=kernels.extraction.cost,
+        stopped_by=algebra.saturation.stopped_by or kernels.saturation.stopped_by,
+        phases=[{"name": f"algebra: {p.name}", "seconds": p.seconds, "matches": p.matches}
+                for p in algebra.saturation.phases]
+        + [{"name": f"kernels: {p.name}", "seconds": p.seconds, "matches": p.matches}
+           for p in kernels.saturation.phases],
+        egraph_nodes=algebra.saturation.egraph_nodes + kernels.saturation.egraph_nodes,
+        extraction=f"{algebra.extraction.method}, then {kernels.extraction.method}",
+        ilp_status=f"{algebra.extraction.ilp_status}; {kernels.extraction.ilp_status}",
         profile=device.name,
         user_rules=[r.name for r in extra],
     )
-    covered = covered_nodes(graph, saturation.ir_nodes, extraction.choice, roots)
-    names = {c: n for c, _, n in covered}
-    program = _program(rebuilt, extraction.choice, model, names)
-    report.patterns = _patterns(rebuilt, extraction.choice, model, names)
+    choice, rebuilt, model = kernels.extraction.choice, kernels.rebuilt, kernels.model
+    program = _program(rebuilt, choice, model, names)
+    report.patterns = _patterns(rebuilt, choice, model, names)
     report.kernels = len(program.launches())
     report.program = [
         {"kind": k.kind, "op": k.op.name if k.op else "", "seconds": k.cost, "names": list(k.names)}
         for k in program.launches()
     ]
     report.seconds = time.perf_counter() - start
-    kinds = {}
-    for node in optimized.nodes:
-        key = rebuilt.kernel_of.get(id(node))
-        if key is not None:
-            kinds[key] = _kernel_kind(choice_node=extraction.choice[key])
+    kinds = {key: _kernel_kind(choice[key]) for key in set(rebuilt.kernel_of.values())}
     return OptimizeResult(optimized, program, report, dict(rebuilt.kernel_of), kinds)
+
+
+def _origins(graph: Graph, phase: _Phase) -> dict[int, list[str]]:
+    """For each node of phase 1's graph, the original node names it stands for."""
+    per_class = {
+        cls: [graph.nodes[i].name or graph.nodes[i].op.name for i in nodes]
+        for cls, nodes in attribute(graph, phase.saturation.ir_nodes,
+                                    phase.extraction.choice).items()
+    }
+    rebuilt = phase.rebuilt
+    found: dict[int, list[str]] = {}
+    for node in rebuilt.graph.nodes:
+        cls = rebuilt.kernel_of.get(id(node), rebuilt.class_of.get(id(node)))
+        if cls is not None:
+            found[id(node)] = per_class.get(cls, [])
+    return found
 
 
 _KERNEL_KINDS = {"KElem": "elementwise", "KReduce": "reduce", "KSoftmax": "softmax",
@@ -191,8 +238,8 @@ _KERNEL_KINDS = {"KElem": "elementwise", "KReduce": "reduce", "KSoftmax": "softm
                  "KConv": "conv"}
 
 
-def _kernel_kind(choice_node: ENode) -> str:
-    return _KERNEL_KINDS.get(choice_node.op, choice_node.op)
+def _kernel_kind(node: ENode) -> str:
+    return _KERNEL_KINDS.get(node.op, node.op)
 
 
 RECOGNISED = frozenset({"LayerNorm", "RmsNorm", "Softmax", "Attention", "GELU", "GELU_TANH",

@@ -352,6 +352,36 @@ def test_rms_norm_matches_the_reference(rng: np.random.Generator, axis: int) -> 
     _close(KERNELS[ops.RmsNorm](ops.RmsNorm(axis, 1e-3), x), expected, rtol=1e-4)
 
 
+def test_conv_of_a_non_contiguous_input_matches(rng: np.random.Generator) -> None:
+    x = random_array(rng, (2, 7, 6, 3), F32).transpose(0, 3, 1, 2)  # a permuted view
+    w = random_array(rng, (4, 3, 3, 3), F32)
+    op = ops.Conv((1, 1), ((0, 0), (0, 0)), (1, 1), 1)
+    (expected,) = _onnx("Conv", [np.ascontiguousarray(x), w])
+    _close(KERNELS[ops.Conv](op, x, w), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [DType.F16, F32, DType.F64], ids=lambda d: d.short)
+def test_sigmoid_keeps_relative_precision_in_both_tails(dtype: DType) -> None:
+    x = np.linspace(-80, 80, 20001).astype(dtype.numpy)
+    exact = 1 / (1 + np.exp(-x.astype(np.float64)))
+    ours = KERNELS[ops.UnaryOp](ops.UnaryOp(Unary.SIGMOID), x)
+    assert ours.dtype == x.dtype
+    normal = exact > np.finfo(dtype.numpy).tiny
+    rtol = {DType.F16: 1e-3, F32: 1e-4, DType.F64: 1e-12}[dtype]
+    np.testing.assert_allclose(ours[normal], exact[normal], rtol=rtol)
+
+
+@pytest.mark.parametrize("exponent", [2.0, 3.0, 0.5, -1.0, 1.0, 0.0, -0.5, 1.7])
+def test_pow_with_a_scalar_exponent_matches_numpy_power(exponent: float) -> None:
+    x = np.array([[-2.5, 3.0, 0.0, -0.0, 1e-3, np.inf, -np.inf, np.nan]], np.float32)
+    b = np.full((1, 1), exponent, np.float32)
+    with np.errstate(all="ignore"):
+        ours = KERNELS[ops.BinaryOp](ops.BinaryOp(Binary.POW), x, b)
+        expected = np.power(x, np.broadcast_to(b, x.shape))
+    np.testing.assert_allclose(ours, expected, rtol=2e-7)
+    np.testing.assert_array_equal(np.signbit(ours), np.signbit(expected))
+
+
 # ---- half precision ------------------------------------------------------------------------
 
 _HALF_UNARY = {

@@ -61,7 +61,8 @@ class RandomGraphs:
                 y = g.permute(x, [int(p) for p in rng.permutation(len(shape))])
             elif choice == 7 and shape[-1] > 1:
                 stop = int(rng.integers(1, shape[-1] + 1))
-                y = g.slice(x, axis=len(shape) - 1, start=0, stop=stop, step=int(rng.integers(1, 3)))
+                step = int(rng.integers(1, 3))
+                y = g.slice(x, axis=len(shape) - 1, start=0, stop=stop, step=step)
             elif choice == 8 and len(shape) >= 2:
                 n = int(rng.integers(1, 9))
                 weight = self._input((shape[-1], n))
@@ -74,7 +75,7 @@ class RandomGraphs:
                 zero = g.scalar(0.0, DType.F32)
                 y = g.where(g.binary(Binary.GREATER, x, zero), x, g.unary(Unary.SIN, x))
             else:
-                y = g.cast(g.cast(x, DType.F16), DType.F32)
+                y = g.cast(g.cast(x, DType.F64), DType.F32)
             values.append(g.clamp(y, lo=-50.0, hi=50.0) if rng.random() < 0.2 else y)
         g.output(values[-1], f"g{index}_last")
         if len(values) > 3:

@@ -88,3 +88,15 @@ def test_views_launch_nothing() -> None:
     g.output(g.unary(knopt.ir.Unary.NEG, y), "b")
     plan = build_plan(program_from_graph(g.build()))
     assert len(plan.steps) == 2  # the two elementwise kernels, reading the views in place
+
+
+def test_an_input_that_is_also_an_output_keeps_its_input_buffer() -> None:
+    # Regression: a Tensor's role says "output" then, and the input got no buffer.
+    g = knopt.ir.GraphBuilder("io")
+    x = g.input("x", (3,), knopt.ir.DType.F32)
+    g.output(x, "same")
+    g.output(g.unary(knopt.ir.Unary.NEG, x), "negated")
+    plan = build_plan(program_from_graph(g.build()))
+    ((_, tid),) = plan.inputs
+    assert plan.buffers[plan.tensors[tid].buffer].region == "input"
+    assert plan.buffers[plan.tensors[plan.outputs[0][1]].buffer].region == "output"

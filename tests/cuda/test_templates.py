@@ -26,7 +26,7 @@ def test_unused_value_is_an_error() -> None:
 
 
 def test_render_names_the_template() -> None:
-    with pytest.raises(CodegenError, match="codegen/iota.cu"):
+    with pytest.raises(CodegenError, match=r"codegen/iota\.cu"):
         render("iota.cu", NAME="k")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -323,7 +324,7 @@ def test_long_reversed_chain_is_diagnosed_without_recursion(workdir: Path) -> No
     names = ["x", *(f"v{i}" for i in range(3000))]
     chain = [
         helper.make_node("Neg", [a], [b], name=f"neg{i}")
-        for i, (a, b) in enumerate(zip(names, names[1:], strict=False))
+        for i, (a, b) in enumerate(itertools.pairwise(names))
     ]
     model = _model(chain[::-1], [_info("x", [2])], [_info(names[-1], [2])])
     _load_fails(workdir, model, InvalidGraphError, "node 'neg2999'", "computes later")

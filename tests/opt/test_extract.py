@@ -36,8 +36,13 @@ SHARED = EGraphData(
         4: [_node("D", 2, 3)],
     }
 )
-SHARED_ORIGINAL = [(0, LEAF), (1, _node("A", 0)), (2, _node("B", 1)), (3, _node("C", 1)),
-                   (4, _node("D", 2, 3))]
+SHARED_ORIGINAL = [
+    (0, LEAF),
+    (1, _node("A", 0)),
+    (2, _node("B", 1)),
+    (3, _node("C", 1)),
+    (4, _node("D", 2, 3)),
+]
 
 # Classes 1 and 2 can each be computed for free from the other, or for 5 from the leaf:
 # the free pair is a cycle.

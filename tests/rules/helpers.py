@@ -34,7 +34,9 @@ def random_feeds(
     """Random non-zero values for every input of a graph with static shapes."""
     feeds = {}
     for name, value in zip(graph.input_names, graph.inputs, strict=True):
-        feeds[name] = random_array(rng, value.shape, value.dtype, low=low, high=high)
+        shape = [d for d in value.shape if isinstance(d, int)]
+        assert len(shape) == value.rank, f"bind the sizes of input {name} first"
+        feeds[name] = random_array(rng, shape, value.dtype, low=low, high=high)
     return feeds
 
 

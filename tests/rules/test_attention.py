@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from knopt.ir import GraphBuilder, Value
+from knopt.ir import op as ops
 from tests.rules.helpers import F32, Rewrite, check_rewrite, const, optimize_and_compare
 
 HEADS, QUERIES, KEYS, DEPTH = 2, 4, 6, 8
@@ -32,10 +33,18 @@ def _scaled(g: GraphBuilder) -> Value:
 
 
 REWRITES = [
-    Rewrite(("attention", "div-by-constant"), lambda g: _attend(g, _scaled(g)),
-            ("Softmax", "MatMul"), {"Attention": 1}),
-    Rewrite(("attention-masked",), lambda g: _attend(g, _scaled(g), masked=True),
-            ("Softmax", "MatMul"), {"Attention": 1}),
+    Rewrite(
+        ("attention", "div-by-constant"),
+        lambda g: _attend(g, _scaled(g)),
+        ("Softmax", "MatMul"),
+        {"Attention": 1},
+    ),
+    Rewrite(
+        ("attention-masked",),
+        lambda g: _attend(g, _scaled(g), masked=True),
+        ("Softmax", "MatMul"),
+        {"Attention": 1},
+    ),
     Rewrite(
         ("attention-masked", "attention-scores-scale-one"),
         lambda g: _attend(g, _scores(g), masked=True),
@@ -52,8 +61,8 @@ def test_attention_is_recognised_and_agrees(case: Rewrite, rng: np.random.Genera
 
 def test_recognised_attention_keeps_the_scale(rng: np.random.Generator) -> None:
     result = check_rewrite(REWRITES[0], rng)
-    (attention,) = [n for n in result.after.nodes if n.op.name == "Attention"]
-    assert attention.op.scale == pytest.approx(1 / math.sqrt(DEPTH), rel=1e-6)
+    (attention,) = [n.op for n in result.after.nodes if isinstance(n.op, ops.Attention)]
+    assert attention.scale == pytest.approx(1 / math.sqrt(DEPTH), rel=1e-6)
 
 
 @pytest.mark.xfail(

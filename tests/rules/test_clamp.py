@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from knopt.ir import Binary, GraphBuilder, Unary, Value
+from knopt.ir import op as ops
 from tests.rules.helpers import F32, Build, const, optimize_and_compare
 
 
@@ -51,8 +52,8 @@ def test_chain_of_clamps_becomes_one_clamp(
 
 def test_clamp_of_clamp_keeps_the_intersection(rng: np.random.Generator) -> None:
     result = optimize_and_compare(_clamp_of_clamp, rng)
-    (clamp,) = [n for n in result.after.nodes if n.op.name == "Clamp"]
-    assert (clamp.op.lo, clamp.op.hi) == (0.0, 2.0)
+    (clamp,) = [n.op for n in result.after.nodes if isinstance(n.op, ops.Clamp)]
+    assert (clamp.lo, clamp.hi) == (0.0, 2.0)
 
 
 def test_disjoint_clamps_stay_apart(rng: np.random.Generator) -> None:

@@ -5,7 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from knopt.ir import Binary, DType, Graph, GraphBuilder, PoolKind, Reduction, Shape, Sym, Unary, Value, sym
+from knopt.ir import (
+    Binary,
+    DType,
+    Graph,
+    GraphBuilder,
+    PoolKind,
+    Reduction,
+    Shape,
+    Sym,
+    Unary,
+    Value,
+    sym,
+)
 from knopt.ir import op as ops
 from knopt.opt.egraph import Saturation, saturate
 from tests.rules.helpers import F32, Build, graph_of, optimize_and_compare
@@ -21,10 +33,12 @@ def _every_op(g: GraphBuilder) -> list[Value]:
     """One node of (nearly) every IR op, with results of several dtypes."""
     x = g.input("x", (2, 3, 6, 6), F32)
     m = g.input("m", (4, 6), F32)
-    conv = g.conv(x, g.constant(_weights(5, 3, 3, 3)), strides=(2, 2), pads=((1, 1), (0, 1)),
-                  dilations=(1, 1))
-    pool = g.pool(PoolKind.MAX, x, kernel=(2, 2), strides=(2, 2), pads=((0, 0), (0, 0)),
-                  dilations=(1, 1))
+    conv = g.conv(
+        x, g.constant(_weights(5, 3, 3, 3)), strides=(2, 2), pads=((1, 1), (0, 1)), dilations=(1, 1)
+    )
+    pool = g.pool(
+        PoolKind.MAX, x, kernel=(2, 2), strides=(2, 2), pads=((0, 0), (0, 0)), dilations=(1, 1)
+    )
     rows = g.permute(g.view(g.slice(x, axis=2, start=0, stop=4), (2, 3, 24)), (0, 2, 1))
     padded = g.pad(g.flip(m, axis=1), pads=((1, 0), (0, 2)))
     joined = g.concat([m, g.cast(g.cast(m, DType.F16), F32)], axis=0)
@@ -84,12 +98,40 @@ def test_every_class_has_the_type_of_its_ir_value(build: Build) -> None:
 def test_typing_rules_fire_for_every_op_of_the_graph() -> None:
     saturation, _ = _typed(graph_of(_every_op))
     expected = [
-        "type-input", "type-constant", "type-splat", "type-iota", "type-view", "type-broadcast",
-        "type-permute", "type-slice", "type-pad", "type-concat", "type-gather", "type-reduce",
-        "type-arg-reduce", "type-conv", "type-pool", "type-flip", "type-scatter", "type-cast",
-        "type-unary", "type-unary-test", "type-comparison", "type-binary", "type-clamp",
-        "type-where", "type-arg-sort", "type-cumsum", "type-softmax", "type-layer-norm",
-        "type-rms-norm", "type-matmul", "type-attention", "numel-start", "numel-step", "numel-done",
+        "type-input",
+        "type-constant",
+        "type-splat",
+        "type-iota",
+        "type-view",
+        "type-broadcast",
+        "type-permute",
+        "type-slice",
+        "type-pad",
+        "type-concat",
+        "type-gather",
+        "type-reduce",
+        "type-arg-reduce",
+        "type-conv",
+        "type-pool",
+        "type-flip",
+        "type-scatter",
+        "type-cast",
+        "type-unary",
+        "type-unary-test",
+        "type-comparison",
+        "type-binary",
+        "type-clamp",
+        "type-where",
+        "type-arg-sort",
+        "type-cumsum",
+        "type-softmax",
+        "type-layer-norm",
+        "type-rms-norm",
+        "type-matmul",
+        "type-attention",
+        "numel-start",
+        "numel-step",
+        "numel-done",
     ]
     for rule in expected:
         assert saturation.rules_fired[rule] > 0, rule

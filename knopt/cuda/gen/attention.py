@@ -1,5 +1,7 @@
-"""Attention: a flash kernel (no scores in memory) for f32/f16/bf16 and head sizes up to 256;
-otherwise scores, softmax and the value product as a GEMM, a softmax kernel and a GEMM."""
+"""Attention: a flash kernel that keeps the scores out of memory, or GEMM, softmax, GEMM.
+
+The flash kernel takes f32/f16/bf16 and head sizes up to 256; other cases materialize scores.
+"""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ def emit_attention(ctx: LoweringContext, kernel: Kernel) -> None:
     """softmax(q @ k^T * scale + bias) @ v."""
     op = kernel.op
     assert isinstance(op, ops.Attention)
-    q, k, v, bias = kernel.inputs
+    q, k, v, _ = kernel.inputs
     out = ctx.tensor(kernel.output)
     if out.layout.numel == 0:
         return

@@ -57,7 +57,7 @@ def emit_sizes(ctx: LoweringContext, kernel: Kernel) -> None:
     out = ctx.tensor(kernel.output)
     buffer = ctx.buffers[out.buffer]
     buffer.region = "constant"
-    ctx.constants[buffer.id] = np.array([int(d) for d in op.dims],  # type: ignore[call-overload]
+    ctx.constants[buffer.id] = np.array([int(d) for d in op.dims],  # type: ignore[arg-type]
                                         dtype=out.dtype.numpy)
 
 
@@ -102,7 +102,7 @@ def emit_concat(ctx: LoweringContext, kernel: Kernel) -> None:
     itype = index_type(count * 2, _extent(ctx, *kernel.inputs))
     coords = decompose("i", out.shape, "c", itype)
     reads = Reads(ctx)
-    lines = []
+    lines: list[str] = []
     start = 0
     for tid in kernel.inputs:
         layout = ctx.layout(tid)

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 from knopt.cuda.cexpr import uses_acc
 from knopt.cuda.context import LoweringContext
-from knopt.cuda.gen.elementwise import copy_launch, elementwise_launch, emit_elementwise, replace_acc
+from knopt.cuda.gen.elementwise import (
+    copy_launch,
+    elementwise_launch,
+    emit_elementwise,
+    replace_acc,
+)
 from knopt.cuda.gen.indexing import broadcast_to
 from knopt.cuda.gen.window import conv_direct_launch, emit_conv_direct, emit_matmul_direct
 from knopt.cuda.layout import Layout, merge_axes, numel

@@ -1,5 +1,4 @@
-"""Reductions and scans along axes: Reduce (with prologue and epilogue), ArgReduce, CumSum and
-ArgSort."""
+"""Reductions and scans along axes: Reduce (prologue, epilogue), ArgReduce, CumSum, ArgSort."""
 
 from __future__ import annotations
 
@@ -8,8 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from knopt.cuda.cexpr import (
-    accumulate_dtype,
     ScalarCode,
+    accumulate_dtype,
     accumulate_type,
     cast,
     compute_type,
@@ -133,7 +132,8 @@ def emit_reduce(ctx: LoweringContext, kernel: Kernel) -> None:
         INDEX=itype, ROWS=int(rows), OUTPUTS=outputs, COUNT=count, ACC_T=acc_t,
         IDENTITY=identity(op.kind, dtype), OP=_OPS[op.kind], KEPT=indent(kept_lines),
         REDUCED=indent(red_lines + pro.lines, 2), VALUE=value,
-        ACC_VALUE=cast("acc", accumulate_dtype(dtype), dtype), EPILOGUE=indent(epi_lines + epi.lines),
+        ACC_VALUE=cast("acc", accumulate_dtype(dtype), dtype),
+        EPILOGUE=indent(epi_lines + epi.lines),
         RESULT=store_value(cast(result, epi.dtype(epilogue), out.dtype), out.dtype),
     )
     name, source = named("reduce", source)
@@ -180,7 +180,7 @@ def emit_arg_reduce(ctx: LoweringContext, kernel: Kernel) -> None:
     itype = index_type(2 * (ctx.layout(source_id).numel + abs(ctx.layout(source_id).offset)))
     dtype = ctx.dtype(source_id)
     ctype = compute_type(dtype)
-    lines = decompose("m", dims, "k", itype) + [f"const idx_t b = {offset('k', strides)};"]
+    lines = [*decompose("m", dims, "k", itype), f"const idx_t b = {offset('k', strides)};"]
     compare = (">" if op.largest else "<") + ("=" if op.last else "")
     if op.last:
         better = f"kn::isnan_(x) || (!kn::isnan_(best) && x {compare} best)"

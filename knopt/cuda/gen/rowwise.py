@@ -99,10 +99,11 @@ def _emit_rowwise(ctx: LoweringContext, kernel: Kernel, axes: Sequence[int], eps
         load_lines.append(f"const auto x{i} = {load_value(element, dtypes[i])};")
     pro = ScalarCode(dtypes, [f"x{i}" for i in range(len(inputs))], prefix="p")
     value = pro.emit(prologue)
-    load_lines += pro.lines + [f"return (real)({cast(value, pro.dtype(prologue), real_dtype)});"]
+    load_lines += [*pro.lines, f"return (real)({cast(value, pro.dtype(prologue), real_dtype)});"]
     store_lines = list(coords)
     for n, i in enumerate(epi_loads):
-        element = f"{reads.slot(inputs[i])}[{offset('r', row_merged[len(pro_loads) + n], f'e{i}')}]"
+        row_offset = offset("r", row_merged[len(pro_loads) + n], f"e{i}")
+        element = f"{reads.slot(inputs[i])}[{row_offset}]"
         store_lines.append(f"const auto y{i} = {load_value(element, dtypes[i])};")
     store_lines.append(f"const auto a = {cast('value', real_dtype, dtype)};")
     epi = ScalarCode(dtypes, [f"y{i}" for i in range(len(inputs))], acc=dtype, acc_name="a",
@@ -110,8 +111,8 @@ def _emit_rowwise(ctx: LoweringContext, kernel: Kernel, axes: Sequence[int], eps
     result = epi.emit(epilogue)
     store_lines += epi.lines
     out_index = offset("r", row_merged[-1], "o")
-    store_lines.append(
-        f"out[{out_index}] = {store_value(cast(result, epi.dtype(epilogue), out.dtype), out.dtype)};")
+    stored = store_value(cast(result, epi.dtype(epilogue), out.dtype), out.dtype)
+    store_lines.append(f"out[{out_index}] = {stored};")
     source = render(
         "rowwise.cu", NAME=PLACEHOLDER, PARAMS=reads.params(kernel.output), THREADS=threads,
         INDEX=itype, C=real, LENGTH=length, OUTER=indent(outer_lines), LOAD=indent(load_lines, 2),

@@ -1,5 +1,7 @@
-"""Sliding windows and direct products: Pool, plus the direct Conv and MatMul kernels used for
-what the libraries do not take (integer dtypes, unusual ranks)."""
+"""Sliding windows and direct products: Pool, and the direct Conv and MatMul kernels.
+
+The direct kernels serve what the libraries do not take (integer dtypes, unusual ranks).
+"""
 
 from __future__ import annotations
 
