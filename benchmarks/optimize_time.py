@@ -160,8 +160,9 @@ def measure(config: Config) -> Timing:
     graph = _Bert(config).build()
     result = knopt.optimize(graph, limits=Limits(seconds=600.0, nodes=10_000_000))
     report = result.report
-    steps = [p for p in report.phases if p["name"] != "extraction"]
-    (extraction,) = [p for p in report.phases if p["name"] == "extraction"]
+    # Optimization may run in stages (algebra, then kernels), each saturating and extracting.
+    extractions = [p for p in report.phases if p["name"].endswith("extraction")]
+    steps = [p for p in report.phases if not p["name"].endswith("extraction")]
     return Timing(
         config.name,
         len(graph.nodes),
@@ -170,7 +171,7 @@ def measure(config: Config) -> Timing:
         _load_seconds(graph),
         sum(p["seconds"] for p in steps),
         steps[0]["seconds"],
-        extraction["seconds"],
+        sum(p["seconds"] for p in extractions),
         report.seconds,
     )
 
@@ -247,9 +248,10 @@ def main() -> int:
             f"{platform.python_version()}).",
             "BERT-like graphs built with GraphBuilder (hidden 64, 4 heads, ffn 256, batch 2,",
             "seq 16; 9, 38 and 153 layers) and BERT-base (12 layers, hidden 768, 12 heads,",
-            "ffn 3072, seq 128). Load (rule files and graph into a fresh e-graph) is measured",
-            "on its own; the first step is the schedule's `(saturate analysis fold)`; other is",
-            "serializing the e-graph, locating the terms, rebuilding and explaining.",
+            "ffn 3072, seq 128). Load (rule files and the graph into a fresh e-graph, once) is",
+            "measured on its own; saturate and extract sum over the optimizer's stages; the",
+            "first step is the first stage's `(saturate analysis fold)`; other is the rest",
+            "(loading later stages, serializing, locating terms, rebuilding, explaining).",
             "",
             *_table(timings),
             "",

@@ -86,18 +86,25 @@ def optimize(graph: Graph, **options: Any) -> OptimizeResult:
 
 
 def compile(  # noqa: A001  (the public name mirrors torch.compile)
-    model: Graph | str | os.PathLike[str] | bytes, device: str = "cpu", *, precision: str = "f32"
+    model: Graph | str | os.PathLike[str] | bytes,
+    device: str = "cpu",
+    *,
+    precision: str = "f32",
+    optimize: bool | None = None,
 ) -> Session:
     """Prepare a model to run on `device`: "cpu", "cuda", or "best" (cuda if a GPU is usable).
 
     Args:
         precision: On cuda, "f32" (strict, no TF32), "tf32", "fp16" or "bf16".
+        optimize: Run the optimizer first (for each set of input sizes, once). The default is
+            True on cuda, where fused kernels are the point, and False on cpu, whose executor
+            is the reference that optimized programs are checked against.
 
     Raises:
         KnoptError: If loading fails or the device is not available.
     """
     graph = model if isinstance(model, Graph) else load(model)
-    return Session(graph, device, precision=precision)
+    return Session(graph, device, precision=precision, optimize=optimize)
 
 
 __all__ = [

@@ -35,7 +35,14 @@ class Session:
         KnoptError: If the device or precision is unknown, or "cuda" has no usable GPU.
     """
 
-    def __init__(self, graph: Graph, device: str = "cpu", *, precision: str = "f32") -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        device: str = "cpu",
+        *,
+        precision: str = "f32",
+        optimize: bool | None = None,
+    ) -> None:
         if device not in DEVICES:
             raise KnoptError(f"device '{device}' is unknown (use {', '.join(DEVICES)})")
         if device != "cpu":
@@ -58,6 +65,8 @@ class Session:
 
             self._cuda = CudaRunner(precision)
         self._symbolic = bool(graph.symbols())
+        self.optimize = device == "cuda" if optimize is None else optimize
+        self._optimized: dict[int, Any] = {}
 
     @property
     def input_names(self) -> list[str]:
@@ -104,13 +113,26 @@ class Session:
             raise InputError(f"unknown output(s) {not_outputs}; the model has {self.output_names}")
         if self._cuda is not None:
             graph = self._graph_for({name: _shape(value) for name, value in feeds.items()})
-            outputs = self._cuda.run(graph, feeds, device_outputs)
+            source = self._optimize(graph).program if self.optimize else graph
+            outputs = self._cuda.run(source, feeds, device_outputs)
             results = dict(zip(graph.output_names, outputs, strict=True))
         else:
             arrays = {name: np.asarray(value) for name, value in feeds.items()}
             graph = self._graph_for({name: a.shape for name, a in arrays.items()})
+            if self.optimize:
+                graph = self._optimize(graph).graph
             results = dict(zip(graph.output_names, run_graph(graph, arrays), strict=True))
         return [results[name] for name in wanted]
+
+    def _optimize(self, graph: Graph) -> Any:
+        """The optimized form of a bound graph, made once (the device's cost model)."""
+        if id(graph) not in self._optimized:
+            from knopt.opt.optimize import optimize
+
+            profile = "h200-graph" if self._cuda is not None else "cpu"
+            # Keep `graph` alive with its result, so its id is never reused.
+            self._optimized[id(graph)] = (graph, optimize(graph, profile=profile))
+        return self._optimized[id(graph)][1]
 
     def _graph_for(self, shapes: Mapping[str, Sequence[int]]) -> Graph:
         if not self._symbolic:

@@ -122,7 +122,7 @@ def test_report_has_the_documented_keys_and_never_costs_more(
     assert report["cost_after"] <= report["cost_before"] * (1 + 1e-9)
     assert report["nodes_after"] <= report["nodes_before"]
     assert all(count > 0 for count in report["rules_fired"].values())
-    assert [p["name"] for p in report["phases"]][-1] == "extraction"
+    assert report["phases"][-1]["name"].endswith("extraction")
     json.dumps(report)  # JSON-ready
 
 
@@ -130,7 +130,7 @@ def test_report_has_the_documented_keys_and_never_costs_more(
 def test_extraction_with_the_ilp_matches_the_original(file: str, tmp_path: Path) -> None:
     fixture = BY_FILE[file]
     result = knopt.optimize(knopt.load(fixture.path), ilp=True)
-    assert result.report.ilp_status == "Optimal"
+    assert "Optimal" in result.report.ilp_status  # one solve per extraction phase
     knopt.save(result.graph, tmp_path / "out.onnx")
     _assert_same_on_onnxruntime(fixture, tmp_path / "out.onnx")
 
@@ -171,20 +171,9 @@ def test_explain_names_every_instance_the_rules_recognised(
 
 
 _ARITHMETIC = ("MUL", "ADD", "SUB", "DIV", "SQRT")
-_RESIDUAL_BN = pytest.mark.xfail(
-    strict=True,
-    reason="the scale of a BatchNorm before a residual add stays a MUL in the add's fused "
-    "elementwise kernel instead of folding into the conv weights; the roofline prices both "
-    "alike (#4)",
-)
-_CONV_NETS = [
-    "resnet",
-    pytest.param("mobilenetv2", marks=_RESIDUAL_BN),
-    pytest.param("efficientnet", marks=_RESIDUAL_BN),
-]
 
 
-@pytest.mark.parametrize("model", _CONV_NETS)
+@pytest.mark.parametrize("model", ["resnet", "mobilenetv2", "efficientnet"])
 def test_every_batch_norm_folds_into_its_conv(model: str, optimized: dict[str, Run]) -> None:
     unfolded = optimized[f"{model}_ts14nofold.onnx"].graph
     folded = optimized[f"{model}_ts14.onnx"].graph

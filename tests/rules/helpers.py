@@ -10,6 +10,7 @@ import numpy as np
 import knopt
 from knopt.cpu import run_graph
 from knopt.ir import DType, Graph, GraphBuilder, Value, bind_symbols
+from knopt.opt.egraph import Limits
 from knopt.opt.optimize import OptimizeReport
 from tests.oracle import assert_same, random_array
 
@@ -70,6 +71,7 @@ def optimize_and_compare(
     sizes: Mapping[str, int] | None = None,
     rtol: float = 1e-4,
     atol: float = 1e-5,
+    limits: Limits | None = None,
 ) -> Optimized:
     """Optimize the graph of `build`, and check both graphs agree on random non-zero inputs.
 
@@ -81,9 +83,10 @@ def optimize_and_compare(
         sizes: Values of symbolic sizes, bound before running (both graphs keep them).
         rtol: Relative tolerance of the comparison.
         atol: Absolute tolerance of the comparison.
+        limits: Saturation bounds (the defaults if None).
     """
     before = graph_of(build)
-    result = knopt.optimize(before)
+    result = knopt.optimize(before, limits=limits or Limits())
     after = result.graph
     ran_before, ran_after = before, after
     if sizes:
