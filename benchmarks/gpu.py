@@ -69,16 +69,31 @@ def export(model: torch.nn.Module, x: torch.Tensor, path: Path) -> None:
     """ONNX export with the TorchScript exporter (fixed shapes), else the dynamo one."""
     name = "input_ids" if x.dtype == torch.int64 else "input"
     try:
-        torch.onnx.export(model, (x.cpu(),), str(path), input_names=[name],
-                          output_names=["output"], opset_version=17, dynamo=False)
+        torch.onnx.export(
+            model,
+            (x.cpu(),),
+            str(path),
+            input_names=[name],
+            output_names=["output"],
+            opset_version=17,
+            dynamo=False,
+        )
     except Exception as err:  # older or newer exporters differ; try the other one
         print(f"  torchscript export failed ({err}); trying dynamo", file=sys.stderr)
-        torch.onnx.export(model, (x.cpu(),), str(path), input_names=[name],
-                          output_names=["output"], opset_version=18, dynamo=True)
+        torch.onnx.export(
+            model,
+            (x.cpu(),),
+            str(path),
+            input_names=[name],
+            output_names=["output"],
+            opset_version=18,
+            dynamo=True,
+        )
 
 
-def time_cuda(run: Callable[[], Any], stream: torch.cuda.Stream, warmup: int = 10,
-              repeat: int = 50) -> float:
+def time_cuda(
+    run: Callable[[], Any], stream: torch.cuda.Stream, warmup: int = 10, repeat: int = 50
+) -> float:
     """Median milliseconds of `run` between CUDA events on `stream` (after a warm-up)."""
     for _ in range(warmup):
         run()
@@ -102,14 +117,23 @@ def relative_error(mine: np.ndarray, theirs: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def bench_model(name: str, batches: list[int], precisions: list[str], modes: list[str],
-                folder: Path, optimize: bool, optimize_seconds: float) -> list[dict[str, Any]]:
+def bench_model(
+    name: str,
+    batches: list[int],
+    precisions: list[str],
+    modes: list[str],
+    folder: Path,
+    optimize: bool,
+    optimize_seconds: float,
+) -> list[dict[str, Any]]:
     """Every (batch, precision) row for one model (with the optimized program if `optimize`)."""
     rows = []
     # One instance per precision: converting one module back and forth leaves transformers'
     # cached dtypes behind (a half model then fed float masks).
-    eager_models = {p: build(name, "sdpa").cuda().half() if p == "fp16" else
-                    build(name, "sdpa").cuda() for p in precisions}
+    eager_models = {
+        p: build(name, "sdpa").cuda().half() if p == "fp16" else build(name, "sdpa").cuda()
+        for p in precisions
+    }
     export_model = build(name, "eager")
     for batch in batches:
         x = example(name, batch)
@@ -122,8 +146,12 @@ def bench_model(name: str, batches: list[int], precisions: list[str], modes: lis
             half = precision == "fp16"
             model = eager_models[precision]
             tx = x.half() if half and x.is_floating_point() else x
-            row: dict[str, Any] = {"model": name, "batch": batch, "precision": precision,
-                                   "export_s": round(export_seconds, 1)}
+            row: dict[str, Any] = {
+                "model": name,
+                "batch": batch,
+                "precision": precision,
+                "export_s": round(export_seconds, 1),
+            }
             default_stream = torch.cuda.current_stream()
             with torch.no_grad():
                 reference = model(tx)
@@ -134,8 +162,9 @@ def bench_model(name: str, batches: list[int], precisions: list[str], modes: lis
                     compiled = torch.compile(model, mode=None if mode == "default" else mode)
                     compiled(tx)
                     row[f"compile_{mode}_s"] = round(time.perf_counter() - began, 1)
-                    row[f"compile_{mode}_ms"] = time_cuda(lambda c=compiled, t=tx: c(t),
-                                                          default_stream)
+                    row[f"compile_{mode}_ms"] = time_cuda(
+                        lambda c=compiled, t=tx: c(t), default_stream
+                    )
             began = time.perf_counter()
             runner = CudaRunner("fp16" if half else "f32")
             graph = knopt.load(path)
@@ -145,19 +174,22 @@ def bench_model(name: str, batches: list[int], precisions: list[str], modes: lis
             row["knopt_prepare_s"] = round(time.perf_counter() - began, 1)
             stream = torch.cuda.ExternalStream(executable.gpu.stream_handle)
             row["knopt_ms"] = time_cuda(
-                lambda e=executable, f=feeds: e.run(f, device_outputs=True), stream)
+                lambda e=executable, f=feeds: e.run(f, device_outputs=True), stream
+            )
             row["knopt_replay_ms"] = time_cuda(executable.replay, stream)
             row["knopt_arena_MiB"] = executable.plan.region_bytes["arena"] / 2**20
             row["knopt_arena_bound_MiB"] = executable.plan.arena_lower_bound / 2**20
-            row["knopt_error_vs_torch"] = relative_error(out.numpy(),
-                                                         reference.float().cpu().numpy())
+            row["knopt_error_vs_torch"] = relative_error(
+                out.numpy(), reference.float().cpu().numpy()
+            )
             for mode in modes:
                 row[f"ratio_compile_{mode}"] = row["knopt_ms"] / row[f"compile_{mode}_ms"]
             row["ratio_eager"] = row["knopt_ms"] / row["eager_ms"]
             if optimize:
                 try:
-                    program = _fused(row, runner, graph, program, feeds, reference, modes,
-                                     optimize_seconds)
+                    program = _fused(
+                        row, runner, graph, program, feeds, reference, modes, optimize_seconds
+                    )
                 except Exception as err:  # record and go on: the unfused numbers still count
                     row["fused_error"] = f"{type(err).__name__}: {str(err)[:300]}"
             print(json.dumps(row), flush=True)
@@ -165,9 +197,16 @@ def bench_model(name: str, batches: list[int], precisions: list[str], modes: lis
     return rows
 
 
-def _fused(row: dict[str, Any], runner: CudaRunner, graph: Any, program: Any,
-           feeds: dict[str, Any], reference: torch.Tensor, modes: list[str],
-           optimize_seconds: float) -> Any:
+def _fused(
+    row: dict[str, Any],
+    runner: CudaRunner,
+    graph: Any,
+    program: Any,
+    feeds: dict[str, Any],
+    reference: torch.Tensor,
+    modes: list[str],
+    optimize_seconds: float,
+) -> Any:
     """Time knopt.optimize's fused program into `row`; returns the program for reuse."""
     if program is None:
         began = time.perf_counter()
@@ -178,10 +217,12 @@ def _fused(row: dict[str, Any], runner: CudaRunner, graph: Any, program: Any,
     (fused_out,) = fused.run(feeds, device_outputs=True)
     fused_stream = torch.cuda.ExternalStream(fused.gpu.stream_handle)
     row["knopt_fused_ms"] = time_cuda(
-        lambda e=fused, f=feeds: e.run(f, device_outputs=True), fused_stream)
+        lambda e=fused, f=feeds: e.run(f, device_outputs=True), fused_stream
+    )
     row["knopt_fused_launches"] = len(program.launches())
-    row["knopt_fused_error_vs_torch"] = relative_error(fused_out.numpy(),
-                                                       reference.float().cpu().numpy())
+    row["knopt_fused_error_vs_torch"] = relative_error(
+        fused_out.numpy(), reference.float().cpu().numpy()
+    )
     for mode in modes:
         row[f"ratio_fused_compile_{mode}"] = row["knopt_fused_ms"] / row[f"compile_{mode}_ms"]
     return program
@@ -232,8 +273,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 1.2), 4.5))
     width = 0.8 / len(keys)
     for i, key in enumerate(keys):
-        ax.bar([j + i * width for j in range(len(rows))], [r[key] for r in rows], width,
-               label=key.removesuffix("_ms"))
+        ax.bar(
+            [j + i * width for j in range(len(rows))],
+            [r[key] for r in rows],
+            width,
+            label=key.removesuffix("_ms"),
+        )
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels, fontsize=7)
     ax.set_ylabel("latency (ms, median)")
     ax.set_yscale("log")
@@ -247,15 +292,25 @@ def main() -> int:
     parser.add_argument("--models", default="resnet50,bert,gpt2")
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--precisions", default="f32,fp16")
-    parser.add_argument("--compile-modes", default="default",
-                        help="torch.compile modes, comma-separated (max-autotune is slow)")
+    parser.add_argument(
+        "--compile-modes",
+        default="default",
+        help="torch.compile modes, comma-separated (max-autotune is slow)",
+    )
     parser.add_argument("--out", type=Path, help="write the rows as JSON here")
     parser.add_argument("--plot", type=Path, help="save a bar chart here")
     parser.add_argument("--no-bandwidth", action="store_true")
-    parser.add_argument("--optimize", default="",
-                        help="models to also run as knopt.optimize's fused program (a,b,...)")
-    parser.add_argument("--optimize-seconds", type=float, default=15.0,
-                        help="saturation time limit of knopt.optimize")
+    parser.add_argument(
+        "--optimize",
+        default="",
+        help="models to also run as knopt.optimize's fused program (a,b,...)",
+    )
+    parser.add_argument(
+        "--optimize-seconds",
+        type=float,
+        default=15.0,
+        help="saturation time limit of knopt.optimize",
+    )
     args = parser.parse_args()
     # Strict f32 on both sides: no TF32 in torch's matmuls or convolutions either.
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -263,10 +318,15 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as folder:
         for name in args.models.split(","):
-            rows += bench_model(name, [int(b) for b in args.batches.split(",")],
-                                args.precisions.split(","), args.compile_modes.split(","),
-                                Path(folder), name in args.optimize.split(","),
-                                args.optimize_seconds)
+            rows += bench_model(
+                name,
+                [int(b) for b in args.batches.split(",")],
+                args.precisions.split(","),
+                args.compile_modes.split(","),
+                Path(folder),
+                name in args.optimize.split(","),
+                args.optimize_seconds,
+            )
             if args.out:
                 args.out.write_text(json.dumps({"rows": rows}, indent=1))
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "rows": rows}
@@ -274,14 +334,18 @@ def main() -> int:
         result["bandwidth"] = bandwidth()
         print(json.dumps(result["bandwidth"]))
     nan = float("nan")
-    print(f"{'model':9} {'batch':>5} {'prec':>5} {'eager':>8} {'compile':>8} {'knopt':>8} "
-          f"{'fused':>8} {'k/comp':>7} {'f/comp':>7} {'err':>8}")
+    print(
+        f"{'model':9} {'batch':>5} {'prec':>5} {'eager':>8} {'compile':>8} {'knopt':>8} "
+        f"{'fused':>8} {'k/comp':>7} {'f/comp':>7} {'err':>8}"
+    )
     for r in rows:
-        print(f"{r['model']:9} {r['batch']:5d} {r['precision']:>5} {r['eager_ms']:8.3f} "
-              f"{r.get('compile_default_ms', nan):8.3f} {r['knopt_ms']:8.3f} "
-              f"{r.get('knopt_fused_ms', nan):8.3f} {r.get('ratio_compile_default', nan):7.2f} "
-              f"{r.get('ratio_fused_compile_default', nan):7.2f} "
-              f"{r['knopt_error_vs_torch']:8.1e}")
+        print(
+            f"{r['model']:9} {r['batch']:5d} {r['precision']:>5} {r['eager_ms']:8.3f} "
+            f"{r.get('compile_default_ms', nan):8.3f} {r['knopt_ms']:8.3f} "
+            f"{r.get('knopt_fused_ms', nan):8.3f} {r.get('ratio_compile_default', nan):7.2f} "
+            f"{r.get('ratio_fused_compile_default', nan):7.2f} "
+            f"{r['knopt_error_vs_torch']:8.1e}"
+        )
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     if args.plot and rows:

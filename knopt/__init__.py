@@ -85,16 +85,18 @@ def optimize(graph: Graph, **options: Any) -> OptimizeResult:
     return run_optimizer(graph, **options)
 
 
-def compile(  # noqa: A001  (the public name mirrors torch.compile)
+def compile(
     model: Graph | str | os.PathLike[str] | bytes,
     device: str = "cpu",
     *,
     precision: str = "f32",
     optimize: bool | None = None,
 ) -> Session:
-    """Prepare a model to run on `device`: "cpu", "cuda", or "best" (cuda if a GPU is usable).
+    """Prepare a model to run on a device.
 
     Args:
+        model: A graph, or an ONNX model's path or bytes.
+        device: "cpu", "cuda", or "best" (cuda if a GPU is usable).
         precision: On cuda, "f32" (strict, no TF32), "tf32", "fp16" or "bf16".
         optimize: Run the optimizer first (for each set of input sizes, once). The default is
             True on cuda, where fused kernels are the point, and False on cpu, whose executor

@@ -51,8 +51,10 @@ class Session:
             if knopt.cuda.is_available():
                 device = "cuda"
             elif device == "cuda":
-                raise KnoptError("device 'cuda' is not available: no usable NVIDIA GPU or the "
-                                 "CUDA packages are missing (pip install knopt[cuda])")
+                raise KnoptError(
+                    "device 'cuda' is not available: no usable NVIDIA GPU or the "
+                    "CUDA packages are missing (pip install knopt[cuda])"
+                )
             else:
                 device = "cpu"
         self.graph = graph

@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     session = knopt.compile(graph)
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
     (out,) = session.run(None, {session.input_names[0]: x})
-    print(f"output {session.output_names[0]}: shape {list(out.shape)}, "
-          f"mean {float(out.mean()):.4f}")
+    print(
+        f"output {session.output_names[0]}: shape {list(out.shape)}, mean {float(out.mean()):.4f}"
+    )
     return 0

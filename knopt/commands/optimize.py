@@ -25,26 +25,52 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("model", type=Path, help="the ONNX model to optimize")
     parser.add_argument("-o", "--output", type=Path, help="where to write the optimized model")
     parser.add_argument(
-        "--rules", type=Path, action="append", default=[], metavar="FILE.egg",
+        "--rules",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE.egg",
         help="an extra rule file (repeatable); its rules join the `algebra` ruleset",
     )
     parser.add_argument("--explain", action="store_true", help="print what the optimizer did")
     parser.add_argument("--report-json", type=Path, help="write the report as JSON here")
     parser.add_argument(
-        "--device-profile", choices=sorted(PROFILES), default="cpu",
+        "--device-profile",
+        choices=sorted(PROFILES),
+        default="cpu",
         help="the cost model that guides extraction (default: cpu)",
     )
-    parser.add_argument("--dims", action="append", default=[], metavar="NAME=SIZE",
-                        help="fix a symbolic input size (repeatable)")
-    parser.add_argument("--time-limit", type=float, default=Limits.seconds,
-                        help="seconds of saturation before stopping (default: %(default)s)")
-    parser.add_argument("--node-limit", type=int, default=Limits.nodes,
-                        help="e-nodes before stopping saturation (default: %(default)s)")
+    parser.add_argument(
+        "--dims",
+        action="append",
+        default=[],
+        metavar="NAME=SIZE",
+        help="fix a symbolic input size (repeatable)",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=Limits.seconds,
+        help="seconds of saturation before stopping (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--node-limit",
+        type=int,
+        default=Limits.nodes,
+        help="e-nodes before stopping saturation (default: %(default)s)",
+    )
     parser.add_argument("--no-ilp", action="store_true", help="skip the exact ILP extraction")
-    parser.add_argument("--flat", action="store_true",
-                        help="save plain ops, without the fused kernels as ONNX functions")
-    parser.add_argument("--opset", type=int, default=None,
-                        help="ONNX opset of the output (default: the model's, at least 18)")
+    parser.add_argument(
+        "--flat",
+        action="store_true",
+        help="save plain ops, without the fused kernels as ONNX functions",
+    )
+    parser.add_argument(
+        "--opset",
+        type=int,
+        default=None,
+        help="ONNX opset of the output (default: the model's, at least 18)",
+    )
     parser.set_defaults(run=run)
 
 

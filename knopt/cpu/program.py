@@ -53,11 +53,14 @@ def evaluate_expr(expr: Expr, loads: list[Array], acc: Array | None = None) -> A
             return KERNELS[ops.Cast](ops.Cast(expr.dtype), x)
         assert isinstance(expr, WhereE)
         condition = evaluate_expr(expr.condition, loads, acc)
-        return np.where(condition, evaluate_expr(expr.a, loads, acc),
-                        evaluate_expr(expr.b, loads, acc))
+        return np.where(
+            condition, evaluate_expr(expr.a, loads, acc), evaluate_expr(expr.b, loads, acc)
+        )
 
 
-def run_kernel(kernel: Kernel, args: list[Array], out_dtype: DType, shape: tuple[int, ...]) -> Array:
+def run_kernel(
+    kernel: Kernel, args: list[Array], out_dtype: DType, shape: tuple[int, ...]
+) -> Array:
     """Evaluate one kernel on its input arrays."""
     if kernel.kind == "elementwise":
         assert kernel.body is not None

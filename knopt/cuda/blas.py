@@ -52,8 +52,14 @@ def _set(setter: Any, getter: Any, obj: int, attribute: Any, value: Any, name: s
 
 
 def _desc(desc: int, attribute: Any, value: Any) -> None:
-    _set(lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype, desc, attribute,
-         value, "matmul_desc_set_attribute")
+    _set(
+        lt.matmul_desc_set_attribute,
+        lt.get_matmul_desc_attribute_dtype,
+        desc,
+        attribute,
+        value,
+        "matmul_desc_set_attribute",
+    )
 
 
 class GemmPlan:
@@ -72,25 +78,38 @@ class GemmPlan:
         dtype = _TYPES[step.dtype]
         scale_dtype: type[np.floating[Any]]
         if step.dtype is DType.F64:
-            compute, scale_type, scale_dtype = cublas.ComputeType.COMPUTE_64F, \
-                CudaDataType.CUDA_R_64F, np.float64
+            compute, scale_type, scale_dtype = (
+                cublas.ComputeType.COMPUTE_64F,
+                CudaDataType.CUDA_R_64F,
+                np.float64,
+            )
         elif step.dtype is DType.F32 and step.precision == "tf32":
-            compute, scale_type, scale_dtype = cublas.ComputeType.COMPUTE_32F_FAST_TF32, \
-                CudaDataType.CUDA_R_32F, np.float32
+            compute, scale_type, scale_dtype = (
+                cublas.ComputeType.COMPUTE_32F_FAST_TF32,
+                CudaDataType.CUDA_R_32F,
+                np.float32,
+            )
         else:
-            compute, scale_type, scale_dtype = cublas.ComputeType.COMPUTE_32F, \
-                CudaDataType.CUDA_R_32F, np.float32
+            compute, scale_type, scale_dtype = (
+                cublas.ComputeType.COMPUTE_32F,
+                CudaDataType.CUDA_R_32F,
+                np.float32,
+            )
         self.desc = _call("matmul_desc_create", lt.matmul_desc_create, compute, scale_type)
         a, b = step.a, step.b  # our operands; cuBLASLt's A is b and its B is a
         transa = cublas.Operation.N if b.col_stride == 1 else cublas.Operation.T
         transb = cublas.Operation.N if a.col_stride == 1 else cublas.Operation.T
         _desc(self.desc, lt.MatmulDescAttribute.TRANSA, transa)
         _desc(self.desc, lt.MatmulDescAttribute.TRANSB, transb)
-        alpha, beta = (step.alpha, 1.0 if step.residual is not None else 0.0) if fused else \
-            (1.0, 0.0)
+        alpha, beta = (
+            (step.alpha, 1.0 if step.residual is not None else 0.0) if fused else (1.0, 0.0)
+        )
         if fused:
-            _desc(self.desc, lt.MatmulDescAttribute.EPILOGUE,
-                  _EPILOGUES[(step.activation, step.bias is not None)])
+            _desc(
+                self.desc,
+                lt.MatmulDescAttribute.EPILOGUE,
+                _EPILOGUES[(step.activation, step.bias is not None)],
+            )
             if step.bias is not None:
                 _desc(self.desc, lt.MatmulDescAttribute.BIAS_DATA_TYPE, dtype)
         self.alpha = np.array([alpha], dtype=scale_dtype)
@@ -109,30 +128,57 @@ class GemmPlan:
             rows, cols, ld = operand.cols, operand.rows, operand.row_stride
         else:
             rows, cols, ld = operand.rows, operand.cols, operand.col_stride
-        layout = _call("matrix_layout_create", lt.matrix_layout_create, dtype, rows, cols,
-                       max(ld, rows, 1))
+        layout = _call(
+            "matrix_layout_create", lt.matrix_layout_create, dtype, rows, cols, max(ld, rows, 1)
+        )
         if batch > 1:
-            for attribute, value in ((lt.MatrixLayoutAttribute.BATCH_COUNT, batch),
-                                     (lt.MatrixLayoutAttribute.STRIDED_BATCH_OFFSET,
-                                      operand.batch_stride)):
-                _set(lt.matrix_layout_set_attribute, lt.get_matrix_layout_attribute_dtype,
-                     layout, attribute, value, "matrix_layout_set_attribute")
+            for attribute, value in (
+                (lt.MatrixLayoutAttribute.BATCH_COUNT, batch),
+                (lt.MatrixLayoutAttribute.STRIDED_BATCH_OFFSET, operand.batch_stride),
+            ):
+                _set(
+                    lt.matrix_layout_set_attribute,
+                    lt.get_matrix_layout_attribute_dtype,
+                    layout,
+                    attribute,
+                    value,
+                    "matrix_layout_set_attribute",
+                )
         return layout
 
     def _choose(self) -> tuple[np.ndarray, int]:
         preference = _call("matmul_preference_create", lt.matmul_preference_create)
-        _set(lt.matmul_preference_set_attribute, lt.get_matmul_preference_attribute_dtype,
-             preference, lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES, WORKSPACE_LIMIT,
-             "matmul_preference_set_attribute")
+        _set(
+            lt.matmul_preference_set_attribute,
+            lt.get_matmul_preference_attribute_dtype,
+            preference,
+            lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES,
+            WORKSPACE_LIMIT,
+            "matmul_preference_set_attribute",
+        )
         results = np.zeros(CANDIDATES, dtype=lt.matmul_heuristic_result_dtype)
         count = np.zeros(1, dtype=np.int32)
-        _call("matmul_algo_get_heuristic", lt.matmul_algo_get_heuristic, self.handle, self.desc,
-              self.a_layout, self.b_layout, self.c_layout, self.d_layout, preference,
-              CANDIDATES, results.ctypes.data, count.ctypes.data)
+        _call(
+            "matmul_algo_get_heuristic",
+            lt.matmul_algo_get_heuristic,
+            self.handle,
+            self.desc,
+            self.a_layout,
+            self.b_layout,
+            self.c_layout,
+            self.d_layout,
+            preference,
+            CANDIDATES,
+            results.ctypes.data,
+            count.ctypes.data,
+        )
         _call("matmul_preference_destroy", lt.matmul_preference_destroy, preference)
         if count[0] == 0:
-            raise CudaError("cublasLt.matmul_algo_get_heuristic", "no algorithm",
-                            f"no cuBLASLt algorithm for {self.step}")
+            raise CudaError(
+                "cublasLt.matmul_algo_get_heuristic",
+                "no algorithm",
+                f"no cuBLASLt algorithm for {self.step}",
+            )
         best = results[:1].copy()
         return best, int(best[0]["workspace_size"])
 
@@ -146,9 +192,26 @@ class GemmPlan:
         fields = self.algo.dtype.fields
         assert fields is not None
         algo = self.algo.ctypes.data + fields["algo"][1]
-        _call("matmul", lt.matmul, self.handle, self.desc, self.alpha.ctypes.data, b,
-              self.a_layout, a, self.b_layout, self.beta.ctypes.data, c, self.c_layout, d,
-              self.d_layout, algo, workspace, self.workspace, stream)
+        _call(
+            "matmul",
+            lt.matmul,
+            self.handle,
+            self.desc,
+            self.alpha.ctypes.data,
+            b,
+            self.a_layout,
+            a,
+            self.b_layout,
+            self.beta.ctypes.data,
+            c,
+            self.c_layout,
+            d,
+            self.d_layout,
+            algo,
+            workspace,
+            self.workspace,
+            stream,
+        )
 
 
 class Blas:
@@ -165,8 +228,12 @@ class Blas:
             CudaError: If cuBLASLt has no algorithm even for the plain GEMM.
         """
         if step not in self._plans:
-            fusing = step.bias is not None or step.residual is not None or bool(step.activation) \
+            fusing = (
+                step.bias is not None
+                or step.residual is not None
+                or bool(step.activation)
                 or step.alpha != 1.0
+            )
             try:
                 self._plans[step] = GemmPlan(self.handle, step, True)
             except CudaError:

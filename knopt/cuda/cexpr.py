@@ -18,10 +18,23 @@ from knopt.ir.op import COMPARISONS, UNARY_TO_BOOL, Binary
 from knopt.opt.program import Acc, BinaryE, CastE, ClampE, Const, Expr, Load, UnaryE, WhereE
 
 HALF_TYPES = frozenset({DType.F16, DType.BF16})
-GPU_DTYPES = frozenset({
-    DType.F32, DType.F64, DType.F16, DType.BF16, DType.BOOL,
-    DType.I8, DType.I16, DType.I32, DType.I64, DType.U8, DType.U16, DType.U32, DType.U64,
-})
+GPU_DTYPES = frozenset(
+    {
+        DType.F32,
+        DType.F64,
+        DType.F16,
+        DType.BF16,
+        DType.BOOL,
+        DType.I8,
+        DType.I16,
+        DType.I32,
+        DType.I64,
+        DType.U8,
+        DType.U16,
+        DType.U32,
+        DType.U64,
+    }
+)
 
 
 def check_dtype(dtype: DType, where: str) -> None:
@@ -33,7 +46,8 @@ def check_dtype(dtype: DType, where: str) -> None:
     if dtype not in GPU_DTYPES:
         supported = ", ".join(sorted(d.short for d in GPU_DTYPES))
         raise UnsupportedModelError(
-            f"{where}: element type {dtype.short} is not supported on CUDA ({supported})")
+            f"{where}: element type {dtype.short} is not supported on CUDA ({supported})"
+        )
 
 
 def storage_type(dtype: DType) -> str:
@@ -155,8 +169,14 @@ class ScalarCode:
         prefix: Prefix of the temporaries, unique within the kernel.
     """
 
-    def __init__(self, loads: Sequence[DType], load_names: Sequence[str],
-                 acc: DType | None = None, acc_name: str = "acc", prefix: str = "t") -> None:
+    def __init__(
+        self,
+        loads: Sequence[DType],
+        load_names: Sequence[str],
+        acc: DType | None = None,
+        acc_name: str = "acc",
+        prefix: str = "t",
+    ) -> None:
         self.loads = list(loads)
         self.load_names = list(load_names)
         self.acc = acc

@@ -17,8 +17,11 @@ from knopt.cuda.steps import Conv
 from knopt.errors import CudaError
 from knopt.ir.dtype import DType
 
-_TYPES = {DType.F32: cudnn.data_type.FLOAT, DType.F16: cudnn.data_type.HALF,
-          DType.BF16: cudnn.data_type.BFLOAT16}
+_TYPES = {
+    DType.F32: cudnn.data_type.FLOAT,
+    DType.F16: cudnn.data_type.HALF,
+    DType.BF16: cudnn.data_type.BFLOAT16,
+}
 
 
 def _strides(dims: list[int]) -> list[int]:
@@ -30,8 +33,9 @@ def _strides(dims: list[int]) -> list[int]:
     return list(reversed(strides))
 
 
-def _lift(step: Conv) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int],
-                               list[int], list[int]]:
+def _lift(
+    step: Conv,
+) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int], list[int], list[int]]:
     x, w, y = list(step.x_shape), list(step.w_shape), list(step.y_shape)
     pre = [p[0] for p in step.pads]
     post = [p[1] for p in step.pads]
@@ -57,21 +61,33 @@ class ConvPlan:
         self.fused = fused
         io = _TYPES[step.dtype]
         x_dims, w_dims, y_dims, pre, post, strides, dilations, bias_dims = _lift(step)
-        graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
-                              compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+        graph = cudnn.pygraph(
+            io_data_type=io,
+            intermediate_data_type=cudnn.data_type.FLOAT,
+            compute_data_type=cudnn.data_type.FLOAT,
+            handle=handle,
+        )
         self.x = graph.tensor(name="X", dim=x_dims, stride=_strides(x_dims), data_type=io)
         self.w = graph.tensor(name="W", dim=w_dims, stride=_strides(w_dims), data_type=io)
-        y = graph.conv_fprop(image=self.x, weight=self.w, pre_padding=pre, post_padding=post,
-                             stride=strides, dilation=dilations,
-                             compute_data_type=cudnn.data_type.FLOAT)
+        y = graph.conv_fprop(
+            image=self.x,
+            weight=self.w,
+            pre_padding=pre,
+            post_padding=post,
+            stride=strides,
+            dilation=dilations,
+            compute_data_type=cudnn.data_type.FLOAT,
+        )
         self.bias = self.residual = None
         if fused and step.bias is not None:
-            self.bias = graph.tensor(name="B", dim=bias_dims, stride=_strides(bias_dims),
-                                     data_type=io)
+            self.bias = graph.tensor(
+                name="B", dim=bias_dims, stride=_strides(bias_dims), data_type=io
+            )
             y = graph.bias(input=y, bias=self.bias)
         if fused and step.residual is not None:
-            self.residual = graph.tensor(name="Z", dim=y_dims, stride=_strides(y_dims),
-                                         data_type=io)
+            self.residual = graph.tensor(
+                name="Z", dim=y_dims, stride=_strides(y_dims), data_type=io
+            )
             y = graph.add(a=y, b=self.residual)
         if fused and step.relu:
             y = graph.relu(input=y)
@@ -81,8 +97,9 @@ class ConvPlan:
         graph.build_operation_graph()
         graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         if step.dtype is DType.F32 and step.precision == "f32":
-            graph.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE,
-                                          cudnn.numerical_note.DOWN_CONVERT_INPUTS])
+            graph.deselect_numeric_notes(
+                [cudnn.numerical_note.TENSOR_CORE, cudnn.numerical_note.DOWN_CONVERT_INPUTS]
+            )
         graph.check_support()
         graph.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
         self.graph = graph
@@ -104,8 +121,10 @@ class ConvPlan:
 
 
 def _describe(step: Conv) -> str:
-    return (f"conv x{list(step.x_shape)} w{list(step.w_shape)} {step.dtype.short} "
-            f"strides {list(step.strides)} pads {list(step.pads)} groups {step.groups}")
+    return (
+        f"conv x{list(step.x_shape)} w{list(step.w_shape)} {step.dtype.short} "
+        f"strides {list(step.strides)} pads {list(step.pads)} groups {step.groups}"
+    )
 
 
 class Dnn:
@@ -137,4 +156,3 @@ class Dnn:
                 except Exception as err:  # cuDNN reports unsupported graphs by exceptions
                     self.declined[step] = f"{_describe(step)} (fused={fused}): {err}"
         return self._plans[step]
-

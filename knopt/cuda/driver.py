@@ -83,22 +83,28 @@ class Gpu:
         """Copy a host array to device memory at `address`."""
         array = np.ascontiguousarray(array)
         if array.nbytes:
-            check("cuMemcpyHtoDAsync", cu.cuMemcpyHtoDAsync(
-                address, array.ctypes.data, array.nbytes, self.stream.handle))
+            check(
+                "cuMemcpyHtoDAsync",
+                cu.cuMemcpyHtoDAsync(address, array.ctypes.data, array.nbytes, self.stream.handle),
+            )
 
     def download(self, address: int, array: np.ndarray) -> np.ndarray:
         """Fill contiguous host `array` from device memory at `address` (waits for the copy)."""
         if array.nbytes:
-            check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(
-                array.ctypes.data, address, array.nbytes, self.stream.handle))
+            check(
+                "cuMemcpyDtoHAsync",
+                cu.cuMemcpyDtoHAsync(array.ctypes.data, address, array.nbytes, self.stream.handle),
+            )
         self.sync()
         return array
 
     def copy(self, target: int, source: int, nbytes: int) -> None:
         """Device-to-device copy on the stream."""
         if nbytes:
-            check("cuMemcpyDtoDAsync",
-                  cu.cuMemcpyDtoDAsync(target, source, nbytes, self.stream.handle))
+            check(
+                "cuMemcpyDtoDAsync",
+                cu.cuMemcpyDtoDAsync(target, source, nbytes, self.stream.handle),
+            )
 
     def fill(self, address: int, byte: int, nbytes: int) -> None:
         """Set `nbytes` at `address` to `byte`."""
@@ -117,11 +123,19 @@ class Gpu:
         """Let `kernel` use `nbytes` of dynamic shared memory (needed above 48 KiB)."""
         if nbytes > DEFAULT_SHARED_LIMIT:
             attribute = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            check("cuKernelSetAttribute", cu.cuKernelSetAttribute(
-                attribute, nbytes, kernel.handle, self._cu_device))
+            check(
+                "cuKernelSetAttribute",
+                cu.cuKernelSetAttribute(attribute, nbytes, kernel.handle, self._cu_device),
+            )
 
-    def launch(self, kernel: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
-               shared: int, args: Sequence[Any]) -> None:
+    def launch(
+        self,
+        kernel: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared: int,
+        args: Sequence[Any],
+    ) -> None:
         """Launch `kernel` on the stream (args: int addresses and numpy scalars)."""
         config = core.LaunchConfig(grid=grid, block=block, shmem_size=shared)
         try:

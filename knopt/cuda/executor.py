@@ -51,8 +51,14 @@ class DeviceArray:
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         """The CUDA array interface (version 3)."""
-        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.address, False),
-                "version": 3, "strides": None, "stream": self.stream}
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self.address, False),
+            "version": 3,
+            "strides": None,
+            "stream": self.stream,
+        }
 
     def numpy(self) -> np.ndarray:
         """A host copy."""
@@ -81,12 +87,14 @@ class Executable:
         self.kernels = self._compile()
         self.blas = Blas() if any(isinstance(s, Gemm) for s in plan.steps) else None
         self.dnn = Dnn() if any(isinstance(s, Conv) for s in plan.steps) else None
-        self.library = {i: self._library_plan(s) for i, s in enumerate(plan.steps)
-                        if isinstance(s, Gemm | Conv)}
+        self.library = {
+            i: self._library_plan(s) for i, s in enumerate(plan.steps) if isinstance(s, Gemm | Conv)
+        }
         workspace = max([getattr(p, "workspace", 0) for p in self.library.values() if p] + [0])
         self.workspace_bytes = workspace
-        self.bases = {region: self.gpu.allocate(plan.region_bytes.get(region, 0))
-                      for region in REGIONS}
+        self.bases = {
+            region: self.gpu.allocate(plan.region_bytes.get(region, 0)) for region in REGIONS
+        }
         self.workspace = self.gpu.allocate(workspace)
         for buffer_id, data in plan.constants.items():
             self.gpu.upload(self._buffer_address(buffer_id), data)
@@ -102,7 +110,7 @@ class Executable:
             for launch in _kernel_launches(step):
                 sources.setdefault(launch.name, launch)
         names = sorted(sources)
-        groups = [names[i:i + MODULE_KERNELS] for i in range(0, len(names), MODULE_KERNELS)]
+        groups = [names[i : i + MODULE_KERNELS] for i in range(0, len(names), MODULE_KERNELS)]
 
         def build(group: list[str]) -> bytes:
             source = '#include "common.cuh"\n' + "\n".join(sources[n].source for n in group)
@@ -134,8 +142,10 @@ class Executable:
 
     def _address(self, tid: int, bound: Mapping[int, int]) -> int:
         tensor = self.plan.tensors[tid]
-        return self._buffer_address(tensor.buffer, bound) + \
-            tensor.layout.offset * tensor.dtype.itemsize
+        return (
+            self._buffer_address(tensor.buffer, bound)
+            + tensor.layout.offset * tensor.dtype.itemsize
+        )
 
     def _enqueuers(self, bound: Mapping[int, int]) -> list[Callable[[], None]]:
         """One closure per step, with every address resolved."""
@@ -146,14 +156,18 @@ class Executable:
                 continue
             library = self.library[index]
             addresses = {t: self._address(t, bound) for t in _step_tensor_ids(step)}
-            after = [step.fallback] if step.fallback is not None and not (
-                library is not None and library.fused) else []
+            after = (
+                [step.fallback]
+                if step.fallback is not None and not (library is not None and library.fused)
+                else []
+            )
             if library is None:
                 assert isinstance(step, Conv) and step.direct is not None
                 calls.append(self._launcher(step.direct, bound))
             else:
-                calls.append(_library_call(library, addresses, self.workspace,
-                                           self.gpu.stream_handle))
+                calls.append(
+                    _library_call(library, addresses, self.workspace, self.gpu.stream_handle)
+                )
             calls += [self._launcher(launch, bound) for launch in after]
         return calls
 
@@ -164,6 +178,7 @@ class Executable:
 
         def call() -> None:
             gpu.launch(kernel, launch.grid, launch.block, launch.shared, args)
+
         return call
 
     # ---- running -----------------------------------------------------------------------
@@ -211,22 +226,30 @@ class Executable:
         for name, tid in self.plan.inputs:
             tensor = self.plan.tensors[tid]
             if name not in feeds:
-                raise InputError(f"input '{name}' is missing (expected "
-                                 f"{tensor.dtype.numpy}{format_shape(tensor.shape)})")
+                raise InputError(
+                    f"input '{name}' is missing (expected "
+                    f"{tensor.dtype.numpy}{format_shape(tensor.shape)})"
+                )
             value = feeds[name]
-            address = _device_address(value, tensor.shape, tensor.dtype.numpy, name,
-                                      self.gpu.stream_handle)
+            address = _device_address(
+                value, tensor.shape, tensor.dtype.numpy, name, self.gpu.stream_handle
+            )
             if address is not None and address % ALIGNMENT == 0:
                 bound[tensor.buffer] = address
                 continue
             if address is not None:
-                self.gpu.copy(self._buffer_address(tensor.buffer), address,
-                              tensor.layout.numel * tensor.dtype.itemsize)
+                self.gpu.copy(
+                    self._buffer_address(tensor.buffer),
+                    address,
+                    tensor.layout.numel * tensor.dtype.itemsize,
+                )
                 continue
             array = np.asarray(value)
             if array.shape != tensor.shape or array.dtype != tensor.dtype.numpy:
-                raise InputError(f"input '{name}' is {array.dtype}{list(array.shape)}, expected "
-                                 f"{tensor.dtype.numpy}{format_shape(tensor.shape)}")
+                raise InputError(
+                    f"input '{name}' is {array.dtype}{list(array.shape)}, expected "
+                    f"{tensor.dtype.numpy}{format_shape(tensor.shape)}"
+                )
             self.gpu.upload(self._buffer_address(tensor.buffer), array)
         return bound
 
@@ -236,11 +259,15 @@ class Executable:
             tensor = self.plan.tensors[tid]
             address = self._address(tid, {})
             if device_outputs:
-                results.append(DeviceArray(address, tensor.shape, tensor.dtype.numpy,
-                                           self.gpu.stream_handle, self.gpu))
+                results.append(
+                    DeviceArray(
+                        address, tensor.shape, tensor.dtype.numpy, self.gpu.stream_handle, self.gpu
+                    )
+                )
             else:
-                results.append(self.gpu.download(address, np.empty(tensor.shape,
-                                                                    tensor.dtype.numpy)))
+                results.append(
+                    self.gpu.download(address, np.empty(tensor.shape, tensor.dtype.numpy))
+                )
         if device_outputs:
             self.gpu.sync()
         return results
@@ -252,8 +279,11 @@ class Executable:
             line = describe_step(step)
             library = self.library.get(index)
             if isinstance(step, Gemm | Conv):
-                line += " [fused]" if library is not None and library.fused else (
-                    " [direct]" if library is None else " [plain + epilogue kernel]")
+                line += (
+                    " [fused]"
+                    if library is not None and library.fused
+                    else (" [direct]" if library is None else " [plain + epilogue kernel]")
+                )
             lines.append(line)
         return "\n".join(lines)
 
@@ -267,15 +297,18 @@ def _step_tensor_ids(step: Gemm | Conv) -> list[int]:
     return [t for t in (step.x, step.w, step.y, step.bias, step.residual) if t is not None]
 
 
-def _library_call(library: Any, addresses: dict[int, int], workspace: int,
-                  stream: int) -> Callable[[], None]:
+def _library_call(
+    library: Any, addresses: dict[int, int], workspace: int, stream: int
+) -> Callable[[], None]:
     def call() -> None:
         library.enqueue(addresses, workspace, stream)
+
     return call
 
 
-def _device_address(value: Any, shape: Sequence[int], dtype: np.dtype, name: str,
-                    stream: int) -> int | None:
+def _device_address(
+    value: Any, shape: Sequence[int], dtype: np.dtype, name: str, stream: int
+) -> int | None:
     """The address of a GPU array feed (checked against the expected type), else None."""
     if isinstance(value, np.ndarray | np.generic | list | tuple | float | int):
         return None
@@ -290,11 +323,15 @@ def _device_address(value: Any, shape: Sequence[int], dtype: np.dtype, name: str
     if not view.is_device_accessible:
         return None
     if tuple(view.shape) != tuple(shape) or np.dtype(view.dtype) != dtype:
-        raise InputError(f"input '{name}' is {view.dtype}{list(view.shape)}, expected "
-                         f"{dtype}{format_shape(tuple(shape))}")
+        raise InputError(
+            f"input '{name}' is {view.dtype}{list(view.shape)}, expected "
+            f"{dtype}{format_shape(tuple(shape))}"
+        )
     strides = view.strides
-    if strides is not None and tuple(strides) not in (_dense(shape, 1),
-                                                      _dense(shape, dtype.itemsize)):
+    if strides is not None and tuple(strides) not in (
+        _dense(shape, 1),
+        _dense(shape, dtype.itemsize),
+    ):
         raise InputError(f"input '{name}' is strided {tuple(strides)}; pass a contiguous array")
     return int(view.ptr)
 

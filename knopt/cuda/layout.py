@@ -56,13 +56,15 @@ class Layout:
 
     def permute(self, perm: Sequence[int]) -> Layout:
         """Axes reordered: result axis i is axis `perm[i]`."""
-        return Layout(tuple(self.shape[p] for p in perm),
-                      tuple(self.strides[p] for p in perm), self.offset)
+        return Layout(
+            tuple(self.shape[p] for p in perm), tuple(self.strides[p] for p in perm), self.offset
+        )
 
     def broadcast(self, shape: Sequence[int]) -> Layout:
         """Size-1 axes repeated up to `shape` (stride 0)."""
-        strides = tuple(0 if old == 1 else s for old, s in zip(self.shape, self.strides,
-                                                                  strict=True))
+        strides = tuple(
+            0 if old == 1 else s for old, s in zip(self.shape, self.strides, strict=True)
+        )
         return _canonical(tuple(shape), strides, self.offset)
 
     def slice(self, axis: int, start: int, stop: int, step: int) -> Layout:
@@ -93,8 +95,9 @@ class Layout:
 
 
 def _canonical(shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> Layout:
-    return Layout(shape, tuple(0 if d == 1 else s for d, s in zip(shape, strides, strict=True)),
-                  offset)
+    return Layout(
+        shape, tuple(0 if d == 1 else s for d, s in zip(shape, strides, strict=True)), offset
+    )
 
 
 def _reshape_strides(
@@ -161,8 +164,8 @@ def merge_axes(
     merged_strides: list[list[int]] = [[] for _ in strides_list]
     for i in axes:
         if merged and all(
-            st[-1] == strides[i] * shape[i] for st, strides in zip(merged_strides, strides_list,
-                                                                   strict=True)
+            st[-1] == strides[i] * shape[i]
+            for st, strides in zip(merged_strides, strides_list, strict=True)
         ):
             merged[-1] *= shape[i]
             for st, strides in zip(merged_strides, strides_list, strict=True):

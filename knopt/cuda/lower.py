@@ -31,6 +31,7 @@ def _elementwise_op(body: Callable[[ops.Op], Expr]) -> Lowering:
     def lower(ctx: LoweringContext, kernel: Kernel) -> None:
         assert kernel.op is not None
         emit_elementwise(ctx, kernel.output, body(kernel.op), kernel.inputs)
+
     return lower
 
 
@@ -70,10 +71,8 @@ OP_LOWERINGS: dict[type[ops.Op], Lowering] = {
     ops.Scatter: data.emit_scatter,
     ops.Cast: _elementwise_op(lambda op: CastE(Load(0), op.dtype)),  # type: ignore[attr-defined]
     ops.UnaryOp: _elementwise_op(lambda op: UnaryE(op.kind, Load(0))),  # type: ignore[attr-defined]
-    ops.BinaryOp: _elementwise_op(
-        lambda op: BinaryExpr(op.kind, Load(0), Load(1))),  # type: ignore[attr-defined]
-    ops.Clamp: _elementwise_op(
-        lambda op: ClampE(Load(0), op.lo, op.hi)),  # type: ignore[attr-defined]
+    ops.BinaryOp: _elementwise_op(lambda op: BinaryExpr(op.kind, Load(0), Load(1))),  # type: ignore[attr-defined]
+    ops.Clamp: _elementwise_op(lambda op: ClampE(Load(0), op.lo, op.hi)),  # type: ignore[attr-defined]
     ops.Where: _elementwise_op(lambda op: WhereE(Load(0), Load(1), Load(2))),
     ops.Reduce: reduce.emit_reduce,
     ops.ArgReduce: reduce.emit_arg_reduce,
@@ -89,9 +88,16 @@ OP_LOWERINGS: dict[type[ops.Op], Lowering] = {
 }
 
 # Ops whose generators fuse a prologue and an epilogue themselves.
-FUSING: frozenset[type[ops.Op]] = frozenset({
-    ops.Reduce, ops.Softmax, ops.LayerNorm, ops.RmsNorm, ops.MatMul, ops.Conv,
-})
+FUSING: frozenset[type[ops.Op]] = frozenset(
+    {
+        ops.Reduce,
+        ops.Softmax,
+        ops.LayerNorm,
+        ops.RmsNorm,
+        ops.MatMul,
+        ops.Conv,
+    }
+)
 
 FUSED_KIND_OPS: dict[str, type[ops.Op]] = {
     "reduce": ops.Reduce,
@@ -133,8 +139,8 @@ def op_result_type(ctx: LoweringContext, kernel: Kernel) -> TensorType:
     """The type of the kernel's main op result (what `Acc` is)."""
     assert kernel.op is not None
     return kernel.op.infer(
-        [TensorType(ctx.tensor(t).shape, ctx.dtype(t)) for t in operands(ctx, kernel)],
-        ctx.where)
+        [TensorType(ctx.tensor(t).shape, ctx.dtype(t)) for t in operands(ctx, kernel)], ctx.where
+    )
 
 
 def operands(ctx: LoweringContext, kernel: Kernel) -> list[int]:

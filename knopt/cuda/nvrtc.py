@@ -62,8 +62,11 @@ def compile_cubin(source: str, arch: str, name: str = "knopt.cu") -> bytes:
     """
     opts = options(arch)
     included = headers()
-    key = hashlib.sha256("\0".join(
-        [source, *opts, repr(version()), *(included[h] for h in sorted(included))]).encode())
+    key = hashlib.sha256(
+        "\0".join(
+            [source, *opts, repr(version()), *(included[h] for h in sorted(included))]
+        ).encode()
+    )
     path = cache_dir() / f"{key.hexdigest()}.cubin"
     if path.exists():
         data = path.read_bytes()
@@ -78,14 +81,19 @@ def compile_cubin(source: str, arch: str, name: str = "knopt.cu") -> bytes:
 def _compile(source: str, name: str, opts: Sequence[str], included: dict[str, str]) -> bytes:
     names = [h.encode() for h in included]
     texts = [included[h].encode() for h in included]
-    program = check("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram(
-        source.encode(), name.encode(), len(names), texts, names))
+    program = check(
+        "nvrtcCreateProgram",
+        nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), len(names), texts, names),
+    )
     try:
         encoded = [o.encode() for o in opts]
         (status,) = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)
         if int(status) != 0:
-            raise CudaError("nvrtcCompileProgram", getattr(status, "name", status),
-                            f"{_log(program)}\n{numbered(source)}")
+            raise CudaError(
+                "nvrtcCompileProgram",
+                getattr(status, "name", status),
+                f"{_log(program)}\n{numbered(source)}",
+            )
         size = check("nvrtcGetCUBINSize", nvrtc.nvrtcGetCUBINSize(program))
         cubin = b" " * size
         check("nvrtcGetCUBIN", nvrtc.nvrtcGetCUBIN(program, cubin))

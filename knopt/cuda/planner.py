@@ -51,10 +51,15 @@ class Plan:
         """The arena's size against its lower bound, and the other regions, in MiB."""
         arena = self.region_bytes.get("arena", 0)
         ratio = arena / self.arena_lower_bound if self.arena_lower_bound else 1.0
-        parts = [f"arena {arena / 2**20:.2f} MiB (lower bound "
-                 f"{self.arena_lower_bound / 2**20:.2f} MiB, {ratio:.3f}x)"]
-        parts += [f"{region} {self.region_bytes.get(region, 0) / 2**20:.2f} MiB"
-                  for region in REGIONS if region != "arena"]
+        parts = [
+            f"arena {arena / 2**20:.2f} MiB (lower bound "
+            f"{self.arena_lower_bound / 2**20:.2f} MiB, {ratio:.3f}x)"
+        ]
+        parts += [
+            f"{region} {self.region_bytes.get(region, 0) / 2**20:.2f} MiB"
+            for region in REGIONS
+            if region != "arena"
+        ]
         return ", ".join(parts)
 
 
@@ -79,7 +84,8 @@ def build_plan(program: Program, precision: str = "f32") -> Plan:
             ctx.tensors[-1].buffer = ctx.new_buffer(_nbytes(ctx.tensors[-1]), region)
             if region == "constant":
                 constants[ctx.tensors[-1].buffer] = np.ascontiguousarray(
-                    program.constants[tensor.id])
+                    program.constants[tensor.id]
+                )
     for kernel in program.kernels:
         ctx.where = _describe(kernel)
         if kernel.is_view:
@@ -92,8 +98,14 @@ def build_plan(program: Program, precision: str = "f32") -> Plan:
     outputs = []
     for name, tid in zip(program.output_names, program.outputs, strict=True):
         outputs.append((name, _output_tensor(ctx, tid)))
-    plan = Plan(ctx.tensors, ctx.buffers, ctx.steps, constants,
-                list(zip(program.input_names, program.inputs, strict=True)), outputs)
+    plan = Plan(
+        ctx.tensors,
+        ctx.buffers,
+        ctx.steps,
+        constants,
+        list(zip(program.input_names, program.inputs, strict=True)),
+        outputs,
+    )
     place_buffers(plan)
     return plan
 
@@ -102,7 +114,8 @@ def _static_shape(shape: tuple[object, ...], where: str) -> tuple[int, ...]:
     if not all(isinstance(d, int) for d in shape):
         raise UnsupportedModelError(
             f"{where}: shape {list(shape)} is symbolic; bind the sizes before planning "
-            "(knopt.ir.bind_symbols)")
+            "(knopt.ir.bind_symbols)"
+        )
     return tuple(int(d) for d in shape)  # type: ignore[call-overload]
 
 
@@ -188,8 +201,10 @@ def assign_offsets(buffers: list[Buffer]) -> int:
     size = 0
     for buffer in sorted(buffers, key=lambda b: (-align(b.nbytes), b.first, b.id)):
         need = align(buffer.nbytes)
-        clashes = sorted((b for b in placed if b.first <= buffer.last and buffer.first <= b.last),
-                         key=lambda b: b.offset)
+        clashes = sorted(
+            (b for b in placed if b.first <= buffer.last and buffer.first <= b.last),
+            key=lambda b: b.offset,
+        )
         offset = 0
         for other in clashes:
             if offset + need <= other.offset:
@@ -220,10 +235,11 @@ def check_plan(plan: Plan) -> None:
     Raises:
         CodegenError: If two do (a planner bug).
     """
-    arena = sorted((b for b in plan.buffers if b.region == "arena" and b.first >= 0),
-                   key=lambda b: b.offset)
+    arena = sorted(
+        (b for b in plan.buffers if b.region == "arena" and b.first >= 0), key=lambda b: b.offset
+    )
     for i, a in enumerate(arena):
-        for b in arena[i + 1:]:
+        for b in arena[i + 1 :]:
             if b.offset >= a.offset + align(a.nbytes):
                 break
             if a.first <= b.last and b.first <= a.last:

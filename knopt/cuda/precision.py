@@ -75,8 +75,11 @@ def _expr(expr: Expr | None, target: DType) -> Expr | None:
     if isinstance(expr, CastE):
         return CastE(_expr(expr.x, target), _retype(expr.dtype, target))  # type: ignore[arg-type]
     if isinstance(expr, WhereE):
-        return WhereE(_expr(expr.condition, target), _expr(expr.a, target),  # type: ignore[arg-type]
-                      _expr(expr.b, target))  # type: ignore[arg-type]
+        return WhereE(
+            _expr(expr.condition, target),
+            _expr(expr.a, target),  # type: ignore[arg-type]
+            _expr(expr.b, target),
+        )  # type: ignore[arg-type]
     return expr
 
 
@@ -88,8 +91,10 @@ def _op(op: ops.Op | None, target: DType) -> ops.Op | None:
 
 def narrow_program(program: Program, target: DType) -> Program:
     """A copy of `program` computing in `target` where it computed in f32."""
-    tensors = [Tensor(t.id, TensorType(t.type.shape, _retype(t.type.dtype, target)), t.role)
-               for t in program.tensors]
+    tensors = [
+        Tensor(t.id, TensorType(t.type.shape, _retype(t.type.dtype, target)), t.role)
+        for t in program.tensors
+    ]
     constants = {tid: _narrow_array(np.asarray(a), target) for tid, a in program.constants.items()}
     renamed: dict[int, int] = {}
     kernels: list[Kernel] = []
@@ -97,17 +102,23 @@ def narrow_program(program: Program, target: DType) -> Program:
     for tid in program.inputs:
         if program.tensors[tid].type.dtype is DType.F32:
             narrow = len(tensors)
-            tensors.append(Tensor(narrow, TensorType(program.tensors[tid].type.shape, target),
-                                  "intermediate"))
+            tensors.append(
+                Tensor(narrow, TensorType(program.tensors[tid].type.shape, target), "intermediate")
+            )
             tensors[tid] = program.tensors[tid]
             kernels.append(Kernel("Cast", ops.Cast(target), (tid,), narrow))
             renamed[tid] = narrow
     for kernel in program.kernels:
-        kernels.append(dataclasses.replace(
-            kernel, op=_op(kernel.op, target),
-            inputs=tuple(renamed.get(t, t) for t in kernel.inputs),
-            body=_expr(kernel.body, target), prologue=_expr(kernel.prologue, target),
-            epilogue=_expr(kernel.epilogue, target)))
+        kernels.append(
+            dataclasses.replace(
+                kernel,
+                op=_op(kernel.op, target),
+                inputs=tuple(renamed.get(t, t) for t in kernel.inputs),
+                body=_expr(kernel.body, target),
+                prologue=_expr(kernel.prologue, target),
+                epilogue=_expr(kernel.epilogue, target),
+            )
+        )
     outputs = []
     for tid in program.outputs:
         source = renamed.get(tid, tid)
@@ -115,10 +126,21 @@ def narrow_program(program: Program, target: DType) -> Program:
             wide = len(tensors)
             tensors.append(Tensor(wide, program.tensors[tid].type, "output"))
             kernels.append(Kernel("Cast", ops.Cast(DType.F32), (source,), wide))
-            tensors[source] = dataclasses.replace(tensors[source], role="intermediate") \
-                if tensors[source].role == "output" else tensors[source]
+            tensors[source] = (
+                dataclasses.replace(tensors[source], role="intermediate")
+                if tensors[source].role == "output"
+                else tensors[source]
+            )
             outputs.append(wide)
         else:
             outputs.append(source)
-    return Program(tensors, kernels, inputs, list(program.input_names), outputs,
-                   list(program.output_names), constants, program.name)
+    return Program(
+        tensors,
+        kernels,
+        inputs,
+        list(program.input_names),
+        outputs,
+        list(program.output_names),
+        constants,
+        program.name,
+    )

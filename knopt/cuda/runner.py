@@ -33,7 +33,8 @@ class CudaRunner:
             self._executables[key] = (source, prepare(program, self.precision))
         return self._executables[key][1]
 
-    def run(self, source: Graph | Program, feeds: Mapping[str, Any],
-            device_outputs: bool = False) -> list[Any]:
+    def run(
+        self, source: Graph | Program, feeds: Mapping[str, Any], device_outputs: bool = False
+    ) -> list[Any]:
         """The outputs of `source` on `feeds`, in order."""
         return self.executable(source).run(feeds, device_outputs=device_outputs)

@@ -139,13 +139,28 @@ def describe_step(step: Step) -> str:
     if isinstance(step, Launch):
         return f"launch {step.name} grid {step.grid} block {step.block}"
     if isinstance(step, Gemm):
-        extras = [x for x in ("bias" if step.bias is not None else "",
-                              "residual" if step.residual is not None else "",
-                              step.activation) if x]
-        return (f"gemm {step.batch}x[{step.a.rows}x{step.a.cols}]@[{step.b.rows}x{step.b.cols}] "
-                f"{step.dtype.short}" + (f" +{'+'.join(extras)}" if extras else ""))
-    extras = [x for x in ("bias" if step.bias is not None else "",
-                          "residual" if step.residual is not None else "",
-                          "relu" if step.relu else "") if x]
-    return (f"conv x{list(step.x_shape)} w{list(step.w_shape)} {step.dtype.short}"
-            + (f" +{'+'.join(extras)}" if extras else ""))
+        extras = [
+            x
+            for x in (
+                "bias" if step.bias is not None else "",
+                "residual" if step.residual is not None else "",
+                step.activation,
+            )
+            if x
+        ]
+        return (
+            f"gemm {step.batch}x[{step.a.rows}x{step.a.cols}]@[{step.b.rows}x{step.b.cols}] "
+            f"{step.dtype.short}" + (f" +{'+'.join(extras)}" if extras else "")
+        )
+    extras = [
+        x
+        for x in (
+            "bias" if step.bias is not None else "",
+            "residual" if step.residual is not None else "",
+            "relu" if step.relu else "",
+        )
+        if x
+    ]
+    return f"conv x{list(step.x_shape)} w{list(step.w_shape)} {step.dtype.short}" + (
+        f" +{'+'.join(extras)}" if extras else ""
+    )

@@ -9,7 +9,7 @@ from typing import Any
 from knopt.errors import InputError, InvalidGraphError
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.graph import Graph, Value
-from knopt.ir.op import Input, Op, TensorType
+from knopt.ir.op import Input, TensorType
 from knopt.ir.shape import Sym, bind, evaluate, format_shape
 
 
@@ -31,12 +31,11 @@ def infer_sizes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, 
             )
         for dim, size in zip(value.shape, actual, strict=True):
             symbol = dim.as_symbol() if isinstance(dim, Sym) else None
-            if symbol is not None:
-                if sizes.setdefault(symbol, size) != size:
-                    raise InputError(
-                        f"input '{name}': size '{symbol}' is {size} here but "
-                        f"{sizes[symbol]} in another input"
-                    )
+            if symbol is not None and sizes.setdefault(symbol, size) != size:
+                raise InputError(
+                    f"input '{name}': size '{symbol}' is {size} here but "
+                    f"{sizes[symbol]} in another input"
+                )
     for name, value in declared.items():
         try:
             expected = bind(value.shape, sizes)

@@ -558,10 +558,8 @@ class BinaryOp(Op):
 
     def infer(self, inputs: Sequence[TensorType], where: str) -> TensorType:
         shape = _same_shape(inputs, where)
-        if self.kind is Binary.POW:
-            dtype = inputs[0].dtype  # ONNX Pow allows a differently typed exponent
-        else:
-            dtype = _same_dtype(inputs, where)
+        # ONNX Pow allows a differently typed exponent.
+        dtype = inputs[0].dtype if self.kind is Binary.POW else _same_dtype(inputs, where)
         if self.kind in LOGICAL and dtype is not DType.BOOL:
             raise _fail(where, f"{self.kind.name} needs bool operands, got {dtype.short}")
         if self.kind in BITWISE and not dtype.is_int:
@@ -723,9 +721,7 @@ class Conv(Op):
         if not len(self.strides) == len(self.pads) == len(self.dilations) == spatial:
             raise _fail(where, "conv strides, pads and dilations must have one entry per axis")
         if x.shape[1] != w.shape[1] * self.groups or not _divides(self.groups, w.shape[0]):
-            raise _fail(
-                where, f"conv channels do not fit: x {x}, w {w}, groups {self.groups}"
-            )
+            raise _fail(where, f"conv channels do not fit: x {x}, w {w}, groups {self.groups}")
         dims = []
         for i in range(spatial):
             k = w.shape[2 + i]
@@ -740,7 +736,7 @@ class Conv(Op):
 
 
 def _divides(a: int, b: Dim) -> bool:
-    return isinstance(b, int) and b % a == 0 or not isinstance(b, int) and a == 1
+    return (isinstance(b, int) and b % a == 0) or (not isinstance(b, int) and a == 1)
 
 
 @dataclass(frozen=True)
@@ -768,7 +764,10 @@ class Pool(Op):
         (x,) = inputs
         spatial = x.rank - 2
         if spatial < 1 or not (
-            len(self.kernel) == len(self.strides) == len(self.pads) == len(self.dilations)
+            len(self.kernel)
+            == len(self.strides)
+            == len(self.pads)
+            == len(self.dilations)
             == spatial
         ):
             raise _fail(where, f"pool attributes do not fit input {x}")

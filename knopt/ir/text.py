@@ -1,9 +1,9 @@
 """A readable text dump of a graph, one node per line.
 
-    graph demo(x: f32[batch, 3, 16, 16]) {
-      %3 = Conv{strides=(1, 1), ...}(x, %1)  : f32[batch, 8, 16, 16]  # conv1
-      return logits = %9
-    }
+graph demo(x: f32[batch, 3, 16, 16]) {
+  %3 = Conv{strides=(1, 1), ...}(x, %1)  : f32[batch, 8, 16, 16]  # conv1
+  return logits = %9
+}
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dataclasses
 import enum
 
 from knopt.ir.graph import Graph, Node, Value
-from knopt.ir.op import Constant, Input, Op, UnaryOp, BinaryOp
+from knopt.ir.op import BinaryOp, Constant, Input, Op, UnaryOp
 
 
 def format_graph(graph: Graph) -> str:
@@ -30,7 +30,8 @@ def format_graph(graph: Graph) -> str:
         names[id(node.output)] = f"%{len(names)}"
         lines.append("  " + _format_node(node, names))
     outs = ", ".join(
-        f"{name} = {names[id(v)]}" for name, v in zip(graph.output_names, graph.outputs, strict=True)
+        f"{name} = {names[id(v)]}"
+        for name, v in zip(graph.output_names, graph.outputs, strict=True)
     )
     lines.append(f"  return {outs}")
     lines.append("}")
@@ -63,7 +64,12 @@ def _format_attribute(value: object) -> str:
     if isinstance(value, enum.Enum):
         return value.name.lower()
     if isinstance(value, tuple):
-        return "(" + ", ".join(_format_attribute(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+        return (
+            "("
+            + ", ".join(_format_attribute(v) for v in value)
+            + ("," if len(value) == 1 else "")
+            + ")"
+        )
     return str(value)
 
 

@@ -1,5 +1,7 @@
-"""A kernel program as ONNX: each fused kernel becomes a model-local function in the `knopt`
-domain whose body is standard ops, so onnxruntime runs it and Netron shows the kernels.
+"""A kernel program as ONNX, each fused kernel a model-local function of the `knopt` domain.
+
+The functions' bodies are standard ops, so onnxruntime runs the model and Netron shows the
+kernels.
 """
 
 from __future__ import annotations
@@ -68,8 +70,9 @@ def save_kernels(
         elif i in last:
             key = last[i]
             body = [nodes[j] for j in members[key]]
-            function, call = _function(body, f"{kinds[key]}_{len(functions)}", opset,
-                                       used_after, outputs, members[key])
+            function, call = _function(
+                body, f"{kinds[key]}_{len(functions)}", opset, used_after, outputs, members[key]
+            )
             functions.append(function)
             new_nodes.append(call)
     del model.graph.node[:]

@@ -64,15 +64,40 @@ H200 = DeviceProfile(
 H200_GRAPH = DeviceProfile("h200-graph", H200.bandwidth, H200.peak, launch=0.8e-6)
 PROFILES = {p.name: p for p in (CPU, H200, H200_GRAPH)}
 
-_MAIN_OP = {"KMatMul": "MatMul", "KConv": "Conv", "KSoftmax": "Softmax",
-            "KLayerNorm": "LayerNorm", "KRmsNorm": "RmsNorm"}
+_MAIN_OP = {
+    "KMatMul": "MatMul",
+    "KConv": "Conv",
+    "KSoftmax": "Softmax",
+    "KLayerNorm": "LayerNorm",
+    "KRmsNorm": "RmsNorm",
+}
 FREE_OPS = frozenset(
     {"Input", "Constant", "Splat", "Iota", "Sizes", "View", "Broadcast", "Permute", "Slice", "Flip"}
 )
 # Rough arithmetic per element of the result, relative to an add.
-_UNARY_FLOPS = {"EXP": 8, "LOG": 8, "TANH": 10, "ERF": 12, "SIGMOID": 10, "GELU": 16,
-                "GELU_TANH": 16, "SILU": 12, "SOFTPLUS": 12, "SIN": 10, "COS": 10, "TAN": 12,
-                "SQRT": 4, "RSQRT": 4, "RECIPROCAL": 4, "POW": 12}
+_LEAVES = frozenset({"Input", "Constant", "Splat", "Iota", "Sizes"})
+_TRACE = 1e-12
+_KIND_FLOPS = {
+    "EXP": 8,
+    "LOG": 8,
+    "TANH": 10,
+    "ERF": 12,
+    "SIGMOID": 10,
+    "GELU": 16,
+    "GELU_TANH": 16,
+    "SILU": 12,
+    "SOFTPLUS": 12,
+    "SIN": 10,
+    "COS": 10,
+    "TAN": 12,
+    "SQRT": 4,
+    "RSQRT": 4,
+    "RECIPROCAL": 4,
+    "POW": 12,
+    "DIV": 4,
+    "MOD": 4,
+    "FMOD": 4,
+}
 
 
 @dataclass
@@ -113,7 +138,8 @@ class CostModel:
     def node_cost(self, cls: int, node: ENode) -> float:
         """Seconds to compute `node` as its own kernel (0 for views, leaves and folds)."""
         if node.op in FREE_OPS:
-            return 0.0
+            # Views cost nothing to run; a trace of cost prefers one view over a chain of them.
+            return 0.0 if node.op in _LEAVES else _TRACE
         children = self.data.children(node)
         out = self.numel(cls)
         if self.folding and cls in self.data.folds and all(c in self.data.folds for c in children):
@@ -126,7 +152,10 @@ class CostModel:
         flops = self.flops(cls, node, out) + body_flops * self._body_elements(cls, node, out)
         rate = self.profile.flops_per_second(self.dtype(children[0]) if children else DType.F32)
         launches = 1 + ops if self.profile.per_op_launch else 1
-        return self.profile.launch * launches + max(moved / self.profile.bandwidth, flops / rate)
+        roofline = max(moved / self.profile.bandwidth, flops / rate)
+        # A thousandth of the arithmetic breaks ties between equally bandwidth-bound forms:
+        # a multiply over a divide, x * x over pow(x, 2).
+        return self.profile.launch * launches + roofline + 1e-3 * flops / rate
 
     def _bodies(self, node: ENode) -> tuple[int, float]:
         """Scalar ops in a kernel node's bodies, and their arithmetic per element."""
@@ -151,7 +180,7 @@ class CostModel:
                 if node.op not in ("SLoad", "SConst", "SAcc"):
                     count += 1
                     kind = node.args[0] if isinstance(node.args[0], str) else ""
-                    flops += _UNARY_FLOPS.get(kind, 1)
+                    flops += _KIND_FLOPS.get(kind, 1)
                 stack.extend(a.id for a in node.args if isinstance(a, SRef))
             self._body_cache[sid] = (count, flops)
         return self._body_cache[sid]
@@ -191,7 +220,7 @@ class CostModel:
         if op == "ArgSort":
             return out * max(1.0, math.log2(max(out, 2))) * 4
         if op == "UnaryOp":
-            return float(out * _UNARY_FLOPS.get(node.args[0], 1))
+            return float(out * _KIND_FLOPS.get(node.args[0], 1))
         if op == "BinaryOp":
-            return float(out * _UNARY_FLOPS.get(node.args[0], 1))
+            return float(out * _KIND_FLOPS.get(node.args[0], 1))
         return float(out)

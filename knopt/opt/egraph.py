@@ -30,6 +30,9 @@ class Limits:
     nodes: int = 500_000
 
 
+DEFAULT_LIMITS = Limits()
+
+
 @dataclass
 class Phase:
     """One schedule step: what ran, how long, how many matches."""
@@ -105,7 +108,7 @@ def _size(egraph: eb.EGraph) -> int:
 def saturate(
     graph: Graph,
     extra_rules: Sequence[RuleFile] = (),
-    limits: Limits = Limits(),
+    limits: Limits = DEFAULT_LIMITS,
     schedule: RuleFile | None = None,
     phase: int = 0,
 ) -> Saturation:
@@ -125,11 +128,12 @@ def saturate(
     phases = schedule_steps(egraph, schedule or schedule_file())
     if not 0 <= phase < len(phases):
         raise RuleFileError(f"the schedule has {len(phases)} phases, not a phase {phase + 1}")
-    for label, command in phases[phase]:
-        if time.perf_counter() - start > limits.seconds:
+    for step, (label, command) in enumerate(phases[phase]):
+        # The first step always runs: it types every class, which extraction needs.
+        if step and time.perf_counter() - start > limits.seconds:
             result.stopped_by = f"time limit ({limits.seconds:g} s)"
             break
-        if (size := _size(egraph)) > limits.nodes:
+        if step and (size := _size(egraph)) > limits.nodes:
             result.stopped_by = f"node limit ({limits.nodes} e-nodes, had {size})"
             break
         began = time.perf_counter()

@@ -30,8 +30,9 @@ def attribute(
         if cls in choice:
             owner[i] = cls
             continue
-        readers = [owner[index[id(u)]] for u in graph.nodes[i].output.users()
-                   if index[id(u)] in owner]
+        readers = [
+            owner[index[id(u)]] for u in graph.nodes[i].output.users() if index[id(u)] in owner
+        ]
         if readers:
             owner[i] = readers[0]
     found: dict[int, list[int]] = {}
@@ -53,19 +54,25 @@ def format_report(report: OptimizeReport) -> str:
     ]
     if report.user_rules:
         lines.append(f"  user rule files: {', '.join(report.user_rules)}")
-    facts = {k: v for k, v in report.rules_fired.items()
-             if report.rulesets.get(k) in ("analysis", "fold")}
+    facts = {
+        k: v
+        for k, v in report.rules_fired.items()
+        if report.rulesets.get(k) in ("analysis", "fold")
+    }
     rewrites = {k: v for k, v in report.rules_fired.items() if k not in facts}
-    lines.append(f"rewrite rules that fired (matches; {sum(facts.values())} more matches of "
-                 f"{len(facts)} typing and folding rules):")
+    lines.append(
+        f"rewrite rules that fired (matches; {sum(facts.values())} more matches of "
+        f"{len(facts)} typing and folding rules):"
+    )
     for name, count in sorted(rewrites.items(), key=lambda kv: (-kv[1], kv[0])):
         lines.append(f"  {count:6d}  {name}")
     if report.program:
         total = sum(k["seconds"] for k in report.program)
         lines.append(f"kernels ({report.kernels} launches, estimated {_us(total)}):")
         for kernel in report.program:
-            what = kernel["kind"] + (f"[{kernel['op']}]" if kernel["op"] and
-                                     kernel["op"] != kernel["kind"] else "")
+            what = kernel["kind"] + (
+                f"[{kernel['op']}]" if kernel["op"] and kernel["op"] != kernel["kind"] else ""
+            )
             covered = ", ".join(kernel["names"][:4])
             more = f" +{len(kernel['names']) - 4}" if len(kernel["names"]) > 4 else ""
             lines.append(f"  {_us(kernel['seconds']):>10}  {what:24s} {covered}{more}")

@@ -142,8 +142,7 @@ class _Solution:
                 continue
             seen.add(kid)
             # Only classes numbered after `cls` can lead back to it.
-            later.extend(k for k in self.p.kids[kid][self.choice[kid]]
-                         if self.position[k] >= mine)
+            later.extend(k for k in self.p.kids[kid][self.choice[kid]] if self.position[k] >= mine)
         return False
 
     def _inc(self, cls: int) -> float:
@@ -212,7 +211,7 @@ class _Solution:
 def _greedy(problem: _Problem, order: list[int]) -> dict[int, int]:
     """Per class, the node least costly when shared children are split among readers."""
     readers: dict[int, int] = {}
-    for cls, kid_lists in problem.kids.items():
+    for kid_lists in problem.kids.values():
         for kid in {k for kids in kid_lists for k in kids}:
             readers[kid] = readers.get(kid, 0) + 1
     estimate: dict[int, float] = {}

@@ -96,8 +96,9 @@ def solve_ilp(
     return IlpResult(choice, dag_cost(choice, roots, cost, data.children), status)
 
 
-def _add_rows(solver: object, rows: list[tuple[list[int], list[float], float, float]],
-              inf: float) -> None:
+def _add_rows(
+    solver: object, rows: list[tuple[list[int], list[float], float, float]], inf: float
+) -> None:
     starts, index, value, low, high = [], [], [], [], []
     for cols, coefs, lo, hi in rows:
         starts.append(len(index))
@@ -116,8 +117,13 @@ def _add_rows(solver: object, rows: list[tuple[list[int], list[float], float, fl
     )
 
 
-def _warm_start(nodes: list[tuple[int, ENode]], classes: list[int], start: dict[int, ENode],
-                roots: Sequence[int], children: Callable[[ENode], list[int]]) -> object:
+def _warm_start(
+    nodes: list[tuple[int, ENode]],
+    classes: list[int],
+    start: dict[int, ENode],
+    roots: Sequence[int],
+    children: Callable[[ENode], list[int]],
+) -> object:
     import highspy
 
     order = _topological(start, roots, children)

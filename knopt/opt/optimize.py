@@ -12,13 +12,13 @@ from knopt.errors import KnoptError
 from knopt.ir.graph import Graph
 from knopt.ir.validate import validate
 from knopt.opt.cost import PROFILES, CostModel, DeviceProfile
-from knopt.opt.egraph import Limits, Phase, Saturation, saturate
+from knopt.opt.egraph import DEFAULT_LIMITS, Limits, Phase, Saturation, saturate
 from knopt.opt.explain import attribute
 from knopt.opt.extract import Extraction, extract
 from knopt.opt.program import Program, program_from_graph
 from knopt.opt.rebuild import Rebuilt, rebuild_graph
-from knopt.opt.serialized import ENode
 from knopt.opt.rules import RuleFile, read_rule_file, rulesets_of, shipped_rule_files
+from knopt.opt.serialized import ENode
 
 
 @dataclass
@@ -91,8 +91,7 @@ class OptimizeResult:
     groups: dict[int, int] = field(default_factory=dict)  # fused graph node id -> kernel key
     group_kinds: dict[int, str] = field(default_factory=dict)  # kernel key -> kernel kind
 
-    def save(self, path: str | Path | None = None, *, kernels: bool = True,
-             opset: int = 18) -> Any:
+    def save(self, path: str | Path | None = None, *, kernels: bool = True, opset: int = 18) -> Any:
         """Save as ONNX: with fused kernels as `knopt` functions, or (kernels=False) flat.
 
         Raises:
@@ -128,7 +127,11 @@ class _Phase:
 
 
 def _run_phase(
-    graph: Graph, phase: int, extra: Sequence[RuleFile], device: DeviceProfile, limits: Limits,
+    graph: Graph,
+    phase: int,
+    extra: Sequence[RuleFile],
+    device: DeviceProfile,
+    limits: Limits,
     ilp: bool,
 ) -> _Phase:
     began = time.perf_counter()
@@ -151,7 +154,7 @@ def optimize(
     *,
     rules: Sequence[str | Path | RuleFile] = (),
     profile: str | DeviceProfile = "cpu",
-    limits: Limits = Limits(),
+    limits: Limits = DEFAULT_LIMITS,
     ilp: bool = True,
 ) -> OptimizeResult:
     """Optimize `graph` by equality saturation and cost-based extraction.
@@ -181,8 +184,9 @@ def optimize(
     origin = _origins(graph, algebra)
     names = {
         cls: sorted({name for i in nodes for name in origin.get(id(first.nodes[i]), [])})
-        for cls, nodes in attribute(first, kernels.saturation.ir_nodes,
-                                    kernels.extraction.choice).items()
+        for cls, nodes in attribute(
+            first, kernels.saturation.ir_nodes, kernels.extraction.choice
+        ).items()
     }
     unfolded = CostModel(algebra.saturation.data, device, folding=False)
     fired = algebra.saturation.rules_fired + kernels.saturation.rules_fired
@@ -194,10 +198,14 @@ def optimize(
         cost_before=sum(unfolded.node_cost(c, n) for c, n in algebra.saturation.ir_nodes),
         cost_after=kernels.extraction.cost,
         stopped_by=algebra.saturation.stopped_by or kernels.saturation.stopped_by,
-        phases=[{"name": f"algebra: {p.name}", "seconds": p.seconds, "matches": p.matches}
-                for p in algebra.saturation.phases]
-        + [{"name": f"kernels: {p.name}", "seconds": p.seconds, "matches": p.matches}
-           for p in kernels.saturation.phases],
+        phases=[
+            {"name": f"algebra: {p.name}", "seconds": p.seconds, "matches": p.matches}
+            for p in algebra.saturation.phases
+        ]
+        + [
+            {"name": f"kernels: {p.name}", "seconds": p.seconds, "matches": p.matches}
+            for p in kernels.saturation.phases
+        ],
         egraph_nodes=algebra.saturation.egraph_nodes + kernels.saturation.egraph_nodes,
         extraction=f"{algebra.extraction.method}, then {kernels.extraction.method}",
         ilp_status=f"{algebra.extraction.ilp_status}; {kernels.extraction.ilp_status}",
@@ -221,8 +229,9 @@ def _origins(graph: Graph, phase: _Phase) -> dict[int, list[str]]:
     """For each node of phase 1's graph, the original node names it stands for."""
     per_class = {
         cls: [graph.nodes[i].name or graph.nodes[i].op.name for i in nodes]
-        for cls, nodes in attribute(graph, phase.saturation.ir_nodes,
-                                    phase.extraction.choice).items()
+        for cls, nodes in attribute(
+            graph, phase.saturation.ir_nodes, phase.extraction.choice
+        ).items()
     }
     rebuilt = phase.rebuilt
     found: dict[int, list[str]] = {}
@@ -233,17 +242,35 @@ def _origins(graph: Graph, phase: _Phase) -> dict[int, list[str]]:
     return found
 
 
-_KERNEL_KINDS = {"KElem": "elementwise", "KReduce": "reduce", "KSoftmax": "softmax",
-                 "KLayerNorm": "layer_norm", "KRmsNorm": "rms_norm", "KMatMul": "matmul",
-                 "KConv": "conv"}
+_KERNEL_KINDS = {
+    "KElem": "elementwise",
+    "KReduce": "reduce",
+    "KSoftmax": "softmax",
+    "KLayerNorm": "layer_norm",
+    "KRmsNorm": "rms_norm",
+    "KMatMul": "matmul",
+    "KConv": "conv",
+}
 
 
 def _kernel_kind(node: ENode) -> str:
     return _KERNEL_KINDS.get(node.op, node.op)
 
 
-RECOGNISED = frozenset({"LayerNorm", "RmsNorm", "Softmax", "Attention", "GELU", "GELU_TANH",
-                        "SILU", "SIGMOID", "HARD_SIGMOID", "HARD_SWISH"})
+RECOGNISED = frozenset(
+    {
+        "LayerNorm",
+        "RmsNorm",
+        "Softmax",
+        "Attention",
+        "GELU",
+        "GELU_TANH",
+        "SILU",
+        "SIGMOID",
+        "HARD_SIGMOID",
+        "HARD_SWISH",
+    }
+)
 
 
 def _patterns(

@@ -133,8 +133,7 @@ def format_expr(expr: Expr) -> str:
         return f"clamp({format_expr(expr.x)}, {expr.lo}, {expr.hi})"
     if isinstance(expr, CastE):
         return f"cast<{expr.dtype.short}>({format_expr(expr.x)})"
-    return (f"where({format_expr(expr.condition)}, {format_expr(expr.a)}, "
-            f"{format_expr(expr.b)})")
+    return f"where({format_expr(expr.condition)}, {format_expr(expr.a)}, {format_expr(expr.b)})"
 
 
 # ---- kernels and programs -----------------------------------------------------------------
@@ -314,8 +313,7 @@ class _ProgramBuilder:
         label = tuple(names) or tuple(dict.fromkeys(n.name for n in nodes if n.name))
         if main_node is None:
             body = _expr(result, load)
-            return Kernel("elementwise", None, tuple(loads), out, body=body, names=label,
-                          cost=cost)
+            return Kernel("elementwise", None, tuple(loads), out, body=body, names=label, cost=cost)
         kind = _MAIN_KINDS[type(main_node.op)]
         prologue = None
         if kind in ("matmul", "conv"):
@@ -329,8 +327,16 @@ class _ProgramBuilder:
             else:
                 loads.append(self.ids[id(operand)])
         epilogue = None if result is main_node else _expr(result, load)
-        return Kernel(kind, main_node.op, tuple(loads), out, prologue=prologue,
-                      epilogue=epilogue, names=label, cost=cost)
+        return Kernel(
+            kind,
+            main_node.op,
+            tuple(loads),
+            out,
+            prologue=prologue,
+            epilogue=epilogue,
+            names=label,
+            cost=cost,
+        )
 
     def program(self) -> Program:
         g = self.graph
@@ -355,8 +361,9 @@ def _splat_of(value: Value, inside: set[int]) -> float | None:
     node = value.producer
     while id(node) in inside and isinstance(node.op, VIEW_OPS):
         node = node.inputs[0].producer
-    if isinstance(node.op, ops.Constant) and (id(node) in inside or node.output.type.shape == ()
-                                              or node.op.data.array.size == 1):
+    if isinstance(node.op, ops.Constant) and (
+        id(node) in inside or node.output.type.shape == () or node.op.data.array.size == 1
+    ):
         splat = node.op.data.splat_value()
         return float(splat) if splat is not None else None
     return None
@@ -382,15 +389,19 @@ def _expr(node: Node, load: Callable[[Value], Expr]) -> Expr:
 def format_program(program: Program) -> str:
     """The program as text, one kernel per line."""
     t = program.tensors
-    lines = [f"program {program.name or 'main'}("
-             + ", ".join(f"{n}: %{i} {t[i].type}" for n, i in
-                         zip(program.input_names, program.inputs, strict=True)) + ") {"]
+    lines = [
+        f"program {program.name or 'main'}("
+        + ", ".join(
+            f"{n}: %{i} {t[i].type}"
+            for n, i in zip(program.input_names, program.inputs, strict=True)
+        )
+        + ") {"
+    ]
     for k in program.kernels:
         args = ", ".join(f"%{i}" for i in k.inputs)
         what = k.kind if k.op is None else f"{k.kind}:{k.op.name}"
         parts = [f"  %{k.output} = {what}({args}) : {t[k.output].type}"]
-        for label, expr in (("body", k.body), ("prologue", k.prologue),
-                            ("epilogue", k.epilogue)):
+        for label, expr in (("body", k.body), ("prologue", k.prologue), ("epilogue", k.epilogue)):
             if expr is not None:
                 parts.append(f"{label}={format_expr(expr)}")
         if k.cost:
@@ -398,8 +409,9 @@ def format_program(program: Program) -> str:
         if k.names:
             parts.append("# " + ", ".join(k.names[:4]) + (" ..." if len(k.names) > 4 else ""))
         lines.append("  ".join(parts))
-    outs = ", ".join(f"{n} = %{i}" for n, i in zip(program.output_names, program.outputs,
-                                                      strict=True))
+    outs = ", ".join(
+        f"{n} = %{i}" for n, i in zip(program.output_names, program.outputs, strict=True)
+    )
     lines.append(f"  return {outs}")
     lines.append("}")
     return "\n".join(lines)

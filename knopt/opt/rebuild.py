@@ -26,8 +26,9 @@ from knopt.opt.serialized import EGraphData, ENode
 from knopt.opt.terms import ENUM_PREFIX, TermTables
 
 _VIEWS = frozenset({"View", "Broadcast", "Permute", "Slice", "Flip"})
-KERNEL_OPS = frozenset({"KElem", "KReduce", "KSoftmax", "KLayerNorm", "KRmsNorm", "KMatMul",
-                        "KConv"})
+KERNEL_OPS = frozenset(
+    {"KElem", "KReduce", "KSoftmax", "KLayerNorm", "KRmsNorm", "KMatMul", "KConv"}
+)
 
 
 def _enum(kind: type[Any], name: str) -> Any:
@@ -42,8 +43,9 @@ Decoder = Callable[["_Rebuilder", tuple[Any, ...]], ops.Op]
 
 
 class _Rebuilder:
-    def __init__(self, data: EGraphData, tables: TermTables, choice: dict[int, ENode],
-                 original: Graph) -> None:
+    def __init__(
+        self, data: EGraphData, tables: TermTables, choice: dict[int, ENode], original: Graph
+    ) -> None:
         self.data = data
         self.tables = tables
         self.choice = choice
@@ -224,8 +226,9 @@ DECODERS: dict[str, Decoder] = {
     "CumSum": lambda r, a: ops.CumSum(a[1], a[2], a[3]),
     "MatMul": lambda r, a: ops.MatMul(),
     "Conv": lambda r, a: ops.Conv(tuple(a[2]), _pairs(a[3]), tuple(a[4]), a[5]),
-    "Pool": lambda r, a: ops.Pool(_enum(PoolKind, a[0]), tuple(a[2]), tuple(a[3]), _pairs(a[4]),
-                                  tuple(a[5]), a[6], a[7]),
+    "Pool": lambda r, a: ops.Pool(
+        _enum(PoolKind, a[0]), tuple(a[2]), tuple(a[3]), _pairs(a[4]), tuple(a[5]), a[6], a[7]
+    ),
     "Softmax": lambda r, a: ops.Softmax(a[1]),
     "LayerNorm": lambda r, a: ops.LayerNorm(a[1], a[2]),
     "RmsNorm": lambda r, a: ops.RmsNorm(a[1], a[2]),
@@ -271,4 +274,3 @@ def rebuild_graph(
     class_of = {id(v.producer): c for c, v in rebuilder.values.items()}
     kernel_of = {k: int(v) for k, v in rebuilder.builder.scopes.items()}  # type: ignore[call-overload]
     return Rebuilt(graph, kernel_of, class_of)
-

@@ -8,8 +8,8 @@ unless they declare and schedule their own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -35,7 +35,6 @@ SCHEDULE_FILE = "schedule.egg"
 
 # Commands a rule file may not contain: rule files declare, the schedule runs.
 _FORBIDDEN = {
-    "UserDefined": "run-schedule",
     "RunSchedule": "run-schedule",
     "Check": "check",
     "Extract": "extract",
@@ -99,15 +98,22 @@ def parse_rules(egraph: eb.EGraph, rule_file: RuleFile) -> list[Any]:
         raise RuleFileError(f"{rule_file.name}: {err}") from err
     for command in commands:
         kind = type(command).__name__
-        if kind in _FORBIDDEN:
+        what = _FORBIDDEN.get(kind)
+        if kind == "UserDefined":
+            what = command.name  # run-schedule, extract and the other experimental commands
+        elif kind == "ActionCommand" and str(command).startswith("(let "):
+            what = "let"  # a global term would be added to every e-graph
+        if what is not None:
             raise RuleFileError(
-                f"{rule_file.name}: `{_FORBIDDEN[kind]}` is not allowed in a rule file; rule "
-                f"files hold declarations and rules, and {SCHEDULE_FILE} runs them"
+                f"{rule_file.name}: `{what}` is not allowed in a rule file; rule files hold "
+                f"declarations and rules, and {SCHEDULE_FILE} runs them"
             )
     return commands
 
 
-_RULE_NAME = re.compile(r':ruleset\s+([\w-]+)\s+:name\s+"([^"]+)"|:name\s+"([^"]+)"\s+:ruleset\s+([\w-]+)')
+_RULE_NAME = re.compile(
+    r':ruleset\s+([\w-]+)\s+:name\s+"([^"]+)"|:name\s+"([^"]+)"\s+:ruleset\s+([\w-]+)'
+)
 
 
 def rulesets_of(files: Sequence[RuleFile]) -> dict[str, str]:

@@ -14,6 +14,7 @@ def gpu_available() -> bool:
 
 @pytest.fixture(autouse=True)
 def _skip_without_gpu(request: pytest.FixtureRequest) -> None:
-    if request.node.get_closest_marker("cuda") is not None and \
-            not request.getfixturevalue("gpu_available"):
+    if request.node.get_closest_marker("cuda") is not None and not request.getfixturevalue(
+        "gpu_available"
+    ):
         pytest.skip("no usable NVIDIA GPU")

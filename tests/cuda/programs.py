@@ -45,9 +45,18 @@ class ProgramBuilder:
         self.kernels.append(Kernel("view", op, (source,), tid))
         return tid
 
-    def kernel(self, kind: str, op: ops.Op | None, inputs: Sequence[int], shape: Sequence[int],
-               dtype: DType, *, body: Expr | None = None, prologue: Expr | None = None,
-               epilogue: Expr | None = None) -> int:
+    def kernel(
+        self,
+        kind: str,
+        op: ops.Op | None,
+        inputs: Sequence[int],
+        shape: Sequence[int],
+        dtype: DType,
+        *,
+        body: Expr | None = None,
+        prologue: Expr | None = None,
+        epilogue: Expr | None = None,
+    ) -> int:
         tid = self._tensor(shape, dtype, "intermediate")
         self.kernels.append(Kernel(kind, op, tuple(inputs), tid, body, prologue, epilogue))
         return tid
@@ -57,11 +66,18 @@ class ProgramBuilder:
         return self.kernel(op.name, op, inputs, out.shape, out.dtype)
 
     def build(self, outputs: Sequence[int]) -> Program:
-        tensors = [Tensor(t.id, t.type, "output" if t.id in outputs else t.role)
-                   for t in self.tensors]
-        return Program(tensors, list(self.kernels), list(self.inputs), list(self.names),
-                       list(outputs), [f"out{i}" for i in range(len(outputs))],
-                       dict(self.constants))
+        tensors = [
+            Tensor(t.id, t.type, "output" if t.id in outputs else t.role) for t in self.tensors
+        ]
+        return Program(
+            tensors,
+            list(self.kernels),
+            list(self.inputs),
+            list(self.names),
+            list(outputs),
+            [f"out{i}" for i in range(len(outputs))],
+            dict(self.constants),
+        )
 
 
 def random_feeds(program: Program, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -86,8 +102,14 @@ def random_array(rng: np.random.Generator, shape: Sequence[int], dtype: DType) -
     return np.where(values == 0, 1, values).astype(dtype.numpy)
 
 
-def compare(program: Program, feeds: Mapping[str, np.ndarray], *, precision: str = "f32",
-            rtol: float | None = None, atol: float | None = None) -> None:
+def compare(
+    program: Program,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    precision: str = "f32",
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
     """Run `program` on the GPU and on the CPU oracle; assert the outputs match.
 
     f32 strict uses rtol 1e-4, atol 1e-5; fp16/bf16 compare to the f32 oracle with rtol 1e-2
@@ -107,8 +129,13 @@ def compare(program: Program, feeds: Mapping[str, np.ndarray], *, precision: str
         scale = float(np.max(np.abs(theirs[np.isfinite(theirs)]), initial=1.0))
         r = rtol if rtol is not None else (1e-2 if narrow else 1e-4)
         a = atol if atol is not None else (1e-2 * scale if narrow else 1e-5)
-        np.testing.assert_allclose(mine.astype(np.float64), theirs.astype(np.float64),
-                                   rtol=r, atol=a, err_msg=f"output {i}")
+        np.testing.assert_allclose(
+            mine.astype(np.float64),
+            theirs.astype(np.float64),
+            rtol=r,
+            atol=a,
+            err_msg=f"output {i}",
+        )
 
 
 def compare_graph(graph: Graph, feeds: Mapping[str, np.ndarray], **kwargs: object) -> None:

@@ -8,8 +8,18 @@ from knopt.ir import GraphBuilder, Value
 from knopt.ir.dtype import DType
 from knopt.ir.op import Binary, Reduction, Unary
 
-_UNARY = [Unary.NEG, Unary.ABS, Unary.TANH, Unary.SIGMOID, Unary.RELU, Unary.SIN, Unary.GELU,
-          Unary.SILU, Unary.ERF, Unary.SOFTPLUS]
+_UNARY = [
+    Unary.NEG,
+    Unary.ABS,
+    Unary.TANH,
+    Unary.SIGMOID,
+    Unary.RELU,
+    Unary.SIN,
+    Unary.GELU,
+    Unary.SILU,
+    Unary.ERF,
+    Unary.SOFTPLUS,
+]
 _BINARY = [Binary.ADD, Binary.SUB, Binary.MUL, Binary.MAX, Binary.MIN]
 
 
@@ -32,7 +42,7 @@ class RandomGraphs:
 
     def _broadcastable(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         keep = int(self.rng.integers(0, len(shape) + 1))
-        tail = shape[len(shape) - keep:]
+        tail = shape[len(shape) - keep :]
         return tuple(d if self.rng.random() < 0.6 else 1 for d in tail) or (1,)
 
     def add_graph(self, index: int, steps: int = 8) -> None:
@@ -66,8 +76,11 @@ class RandomGraphs:
             elif choice == 8 and len(shape) >= 2:
                 n = int(rng.integers(1, 9))
                 weight = self._input((shape[-1], n))
-                w = g.broadcast(weight, (*shape[:-1][:-1], shape[-1], n)) if len(shape) > 2 \
+                w = (
+                    g.broadcast(weight, (*shape[:-1][:-1], shape[-1], n))
+                    if len(shape) > 2
                     else weight
+                )
                 y = g.matmul(x, w)
             elif choice == 9:
                 y = g.concat([x, g.unary(Unary.TANH, x)], axis=int(rng.integers(len(shape))))

@@ -27,13 +27,13 @@ def test_body_becomes_one_statement_per_operation_with_shared_subterms() -> None
 def test_half_types_compute_in_float_and_casts_round() -> None:
     code = ScalarCode([DType.F16], ["x0"])
     code.emit(CastE(UnaryE(Unary.EXP, Load(0)), DType.BF16))
-    assert code.lines[-1] == \
-        "const float t1 = kn::cvt<float>(kn::cvt<__nv_bfloat16>(t0));"
+    assert code.lines[-1] == "const float t1 = kn::cvt<float>(kn::cvt<__nv_bfloat16>(t0));"
 
 
 def test_where_clamp_and_comparisons_have_their_types() -> None:
-    body = WhereE(BinaryE(Binary.LESS, Load(0), Const(0.0, DType.F32)),
-                  ClampE(Load(0), -1.0, 2.0), Acc())
+    body = WhereE(
+        BinaryE(Binary.LESS, Load(0), Const(0.0, DType.F32)), ClampE(Load(0), -1.0, 2.0), Acc()
+    )
     code = ScalarCode([DType.F32], ["x0"], acc=DType.F32, acc_name="a")
     code.emit(body)
     assert code.lines[0].startswith("const bool t0 = kn::b_less<float>(x0, 0.0f)")

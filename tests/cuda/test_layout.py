@@ -13,7 +13,7 @@ from knopt.ir import op as ops
 def _read(base: np.ndarray, layout: Layout) -> np.ndarray:
     item = base.itemsize
     flat = base.reshape(-1)
-    start = flat[layout.offset:]
+    start = flat[layout.offset :]
     return as_strided(start, layout.shape, [s * item for s in layout.strides])
 
 
@@ -25,8 +25,9 @@ def test_contiguous_strides_zero_for_unit_axes() -> None:
     assert contiguous_strides((2, 1, 3)) == (3, 0, 1)
 
 
-@pytest.mark.parametrize("op", [ops.Permute((2, 0, 1)), ops.Slice(1, 1, 4, 2), ops.Flip(2),
-                                ops.Slice(2, 0, 3)])
+@pytest.mark.parametrize(
+    "op", [ops.Permute((2, 0, 1)), ops.Slice(1, 1, 4, 2), ops.Flip(2), ops.Slice(2, 0, 3)]
+)
 def test_views_address_the_same_elements_as_numpy(op: ops.Op) -> None:
     from knopt.cpu.kernels import KERNELS
 

@@ -35,8 +35,9 @@ def test_compile_error_names_the_call_and_numbers_the_source(tmp_path, monkeypat
     assert "    1  extern" in caught.value.log
 
 
-@pytest.mark.parametrize("name", ["bert_dynamo18.onnx", "resnet_ts14nofold.onnx",
-                                  "llama_ts14.onnx"])
+@pytest.mark.parametrize(
+    "name", ["bert_dynamo18.onnx", "resnet_ts14nofold.onnx", "llama_ts14.onnx"]
+)
 def test_generated_kernels_compile(name: str, tmp_path, monkeypatch) -> None:
     nvrtc = _nvrtc()
     monkeypatch.setenv("KNOPT_CACHE_DIR", str(tmp_path))

@@ -17,15 +17,22 @@ from tests.models import Fixture, fixtures
 
 
 def _buffers(specs: list[tuple[int, int, int]]) -> list[Buffer]:
-    return [Buffer(i, size, "arena", first=first, last=last)
-            for i, (size, first, last) in enumerate(specs)]
+    return [
+        Buffer(i, size, "arena", first=first, last=last)
+        for i, (size, first, last) in enumerate(specs)
+    ]
 
 
 def _overlapping_live(buffers: list[Buffer]) -> bool:
     for a in buffers:
         for b in buffers:
-            if a.id < b.id and a.first <= b.last and b.first <= a.last and \
-                    a.offset < b.offset + align(b.nbytes) and b.offset < a.offset + align(a.nbytes):
+            if (
+                a.id < b.id
+                and a.first <= b.last
+                and b.first <= a.last
+                and a.offset < b.offset + align(b.nbytes)
+                and b.offset < a.offset + align(a.nbytes)
+            ):
                 return True
     return False
 

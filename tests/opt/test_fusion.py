@@ -77,7 +77,9 @@ def test_expensive_shared_intermediate_is_materialized_once(rng: np.random.Gener
     # Six transcendental ops per element, with a slow ALU and fast memory: computing
     # them once and reading the result twice is cheaper than computing them twice.
     profile = DeviceProfile(
-        "test", bandwidth=1e13, peak={"f32": 1e9, "f16": 1e9, "f64": 1e9, "int": 1e9},
+        "test",
+        bandwidth=1e13,
+        peak={"f32": 1e9, "f16": 1e9, "f64": 1e9, "int": 1e9},
         launch=1e-7,
     )
     result = knopt.optimize(_shared(rng, heavy=True), profile=profile)
@@ -167,4 +169,3 @@ def test_kernel_onnx_runs_on_onnxruntime_and_reloads_in_knopt(
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
     for mine, theirs in zip(knopt.compile(path).run(None, feeds), expected, strict=True):
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
-

@@ -220,13 +220,6 @@ def test_tiny_node_limit_stops_saturation_and_still_gives_a_correct_graph() -> N
     assert_same(knopt.compile(result.graph).run(None, feeds), knopt.compile(graph).run(None, feeds))
 
 
-_NO_TYPES = (
-    "a limit hit before the first schedule step leaves the classes untyped and the "
-    "cost model fails with KeyError instead of returning the input program (#4)"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=KeyError, reason=_NO_TYPES)
 @pytest.mark.parametrize("limits", [Limits(seconds=0.0), Limits(nodes=10)], ids=["time", "nodes"])
 def test_limit_hit_before_any_step_gives_the_input_program(limits: Limits) -> None:
     fixture = BY_FILE["mlp_ts14.onnx"]

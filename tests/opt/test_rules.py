@@ -94,11 +94,6 @@ def test_user_rule_rewrites_through_the_library(tmp_path: Path, rng: np.random.G
     assert plain.count("ABS") == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a user rule without :ruleset lands in egglog's default ruleset, which the schedule "
-    "never runs, though the CLI help and optimize() say user rules join `algebra` (#4)",
-)
 def test_user_rule_without_a_ruleset_joins_algebra(tmp_path: Path) -> None:
     text = ABS_OF_ABS.replace(" :ruleset algebra", "")
     result = knopt.optimize(graph_of(_abs_of_abs_graph), rules=[_write(tmp_path, "a.egg", text)])
@@ -154,11 +149,6 @@ def test_rule_file_that_runs_or_checks_something_is_refused(
         knopt.optimize(graph_of(_abs_of_abs_graph), rules=[rules])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a top-level `let` adds terms to every e-graph; STYLE 2.2 forbids it in rule files, "
-    "but the loader accepts it (#4)",
-)
 def test_rule_file_with_a_let_is_refused(tmp_path: Path) -> None:
     rules = _write(tmp_path, "lets.egg", "(let one (Splat 1.0 (vec-empty) (F32)))\n")
     with pytest.raises(RuleFileError, match=r"lets\.egg"):

@@ -153,11 +153,6 @@ def test_folded_value_is_one_constant_of_the_result(rng: np.random.Generator) ->
     assert [v.producer.op.name for v in folded] == ["Constant"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fold-sizes requires numel(v) == vec-length(v), the product of the sizes equal to "
-    "their count, instead of no symbolic size; numel is not even known for v (#4)",
-)
 def test_sizes_that_are_all_known_fold(rng: np.random.Generator) -> None:
     def build(g: GraphBuilder) -> Value:
         return _plus_x(g, g.mul(g.apply(ops.Sizes((4, 6, 5))), const(g, 2, I64)))
@@ -167,11 +162,6 @@ def test_sizes_that_are_all_known_fold(rng: np.random.Generator) -> None:
     assert result.count("Sizes") == result.count("MUL") == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fold.egg has no rule for these ops, and fold-concat takes two parts only, though "
-    "DESIGN says an op whose inputs are all constant folds (#4)",
-)
 @pytest.mark.parametrize(
     "build",
     [

@@ -174,10 +174,6 @@ def test_narrowing_then_widening_keeps_both_casts(rng: np.random.Generator) -> N
     assert result.fired("widen-then-narrow") == 0
 
 
-_TIE = "the roofline prices {} like the original, so extraction keeps the original (#4)"
-
-
-@pytest.mark.xfail(strict=True, reason=_TIE.format("x * (1/c)"))
 def test_division_by_a_constant_is_extracted_as_a_multiplication(
     rng: np.random.Generator,
 ) -> None:
@@ -185,19 +181,16 @@ def test_division_by_a_constant_is_extracted_as_a_multiplication(
     assert result.count("DIV") == 0
 
 
-@pytest.mark.xfail(strict=True, reason=_TIE.format("x * x"))
 def test_square_is_extracted_as_a_product(rng: np.random.Generator) -> None:
     result = optimize_and_compare(lambda g: _pow(g, 2.0), rng)
     assert result.count("POW") == 0
 
 
-@pytest.mark.xfail(strict=True, reason=_TIE.format("one view (views are free)"))
 def test_chain_of_views_is_extracted_as_one_view(rng: np.random.Generator) -> None:
     result = optimize_and_compare(lambda g: _exp(g, g.view(g.view(_x(g), (24,)), (2, 12))), rng)
     assert result.count("View") == 1
 
 
-@pytest.mark.xfail(strict=True, reason=_TIE.format("one permute (views are free)"))
 def test_chain_of_permutes_is_extracted_as_one_permute(rng: np.random.Generator) -> None:
     def build(g: GraphBuilder) -> Value:
         return _exp(g, g.permute(g.permute(_x(g, (2, 3, 4)), (1, 2, 0)), (1, 0, 2)))

@@ -74,22 +74,34 @@ def flash_launch(ctx: LoweringContext, kernel: Kernel, scale: float) -> Launch:
     ql, kl, vl, bl = layouts[:4]
     dtype = ctx.dtype(q)
     source = render(
-        "attention.cu", NAME=PLACEHOLDER, PARAMS=reads.params(kernel.output), INDEX=itype,
-        ROWS_PER_THREAD=rows_per_thread, BLOCK_N=block_n, D=d, E=e, S=s, T=t,
+        "attention.cu",
+        NAME=PLACEHOLDER,
+        PARAMS=reads.params(kernel.output),
+        INDEX=itype,
+        ROWS_PER_THREAD=rows_per_thread,
+        BLOCK_N=block_n,
+        D=d,
+        E=e,
+        S=s,
+        T=t,
         HEAD=indent(head_lines),
         LOAD_Q=load_value(f"{qp}[qb + row * ({ql.strides[-2]}) + d * ({ql.strides[-1]})]", dtype),
         LOAD_K=load_value(f"{kp}[kb + key * ({kl.strides[-2]}) + d * ({kl.strides[-1]})]", dtype),
         LOAD_V=load_value(f"{vp}[vb + key * ({vl.strides[-2]}) + e * ({vl.strides[-1]})]", dtype),
         LOAD_BIAS=load_value(
-            f"{bp}[bb + row * ({bl.strides[-2]}) + key * ({bl.strides[-1]})]", dtype),
-        SCALE=literal(scale, DType.F32), STORE=store_value("acc[i][l] / l_i[i]", out.dtype),
+            f"{bp}[bb + row * ({bl.strides[-2]}) + key * ({bl.strides[-1]})]", dtype
+        ),
+        SCALE=literal(scale, DType.F32),
+        STORE=store_value("acc[i][l] / l_i[i]", out.dtype),
     )
     name, source = named("attention", source)
-    floats = block_m * (d + 1) + block_n * (d + 1) + block_n * (-(-e // 8) * 8) + \
-        block_m * (block_n + 1)
+    floats = (
+        block_m * (d + 1) + block_n * (d + 1) + block_n * (-(-e // 8) * 8) + block_m * (block_n + 1)
+    )
     grid = heads * -(-s // block_m)
-    return Launch(name, source, (grid, 1, 1), (THREADS, 1, 1), reads.args(kernel.output),
-                  shared=4 * floats)
+    return Launch(
+        name, source, (grid, 1, 1), (THREADS, 1, 1), reads.args(kernel.output), shared=4 * floats
+    )
 
 
 def _emit_unfused(ctx: LoweringContext, kernel: Kernel, scale: float) -> None:
@@ -101,11 +113,17 @@ def _emit_unfused(ctx: LoweringContext, kernel: Kernel, scale: float) -> None:
     scores = ctx.new_tensor((*lead, s, t), dtype)
     kl = ctx.layout(k)
     rank = len(kl.shape)
-    transposed = ctx.add_tensor(dtype, kl.permute([*range(rank - 2), rank - 1, rank - 2]),
-                                ctx.tensor(k).buffer)
+    transposed = ctx.add_tensor(
+        dtype, kl.permute([*range(rank - 2), rank - 1, rank - 2]), ctx.tensor(k).buffer
+    )
     ctx.emit(gemm_step(ctx, q, transposed, scores, FusedEpilogue(alpha=scale)))
     probabilities = ctx.new_tensor((*lead, s, t), dtype)
-    softmax = Kernel("softmax", ops.Softmax(rank - 1), (scores, bias), probabilities,
-                     prologue=BinaryE(Binary.ADD, Load(0), Load(1)))
+    softmax = Kernel(
+        "softmax",
+        ops.Softmax(rank - 1),
+        (scores, bias),
+        probabilities,
+        prologue=BinaryE(Binary.ADD, Load(0), Load(1)),
+    )
     rowwise.emit_softmax(ctx, softmax)
     ctx.emit(gemm_step(ctx, probabilities, v, kernel.output, FusedEpilogue()))

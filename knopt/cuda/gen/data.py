@@ -31,11 +31,11 @@ def _extent(ctx: LoweringContext, *tids: int) -> int:
     return 2 * max(ctx.layout(t).numel + abs(ctx.layout(t).offset) for t in tids)
 
 
-def _launch(ctx: LoweringContext, kind: str, source: str, count: int, reads: Reads,
-            out: int) -> None:
+def _launch(
+    ctx: LoweringContext, kind: str, source: str, count: int, reads: Reads, out: int
+) -> None:
     name, source = named(kind, source)
-    ctx.emit(Launch(name, source, (blocks(count, THREADS), 1, 1), (THREADS, 1, 1),
-                    reads.args(out)))
+    ctx.emit(Launch(name, source, (blocks(count, THREADS), 1, 1), (THREADS, 1, 1), reads.args(out)))
 
 
 def emit_iota(ctx: LoweringContext, kernel: Kernel) -> None:
@@ -45,8 +45,14 @@ def emit_iota(ctx: LoweringContext, kernel: Kernel) -> None:
     if count == 0:
         return
     value = store_value("i", out.dtype) if out.dtype.is_float else f"({storage_type(out.dtype)})i"
-    source = render("iota.cu", NAME=PLACEHOLDER, THREADS=THREADS, T=storage_type(out.dtype),
-                    COUNT=count, VALUE=value)
+    source = render(
+        "iota.cu",
+        NAME=PLACEHOLDER,
+        THREADS=THREADS,
+        T=storage_type(out.dtype),
+        COUNT=count,
+        VALUE=value,
+    )
     _launch(ctx, "iota", source, count, Reads(ctx), kernel.output)
 
 
@@ -57,8 +63,10 @@ def emit_sizes(ctx: LoweringContext, kernel: Kernel) -> None:
     out = ctx.tensor(kernel.output)
     buffer = ctx.buffers[out.buffer]
     buffer.region = "constant"
-    ctx.constants[buffer.id] = np.array([int(d) for d in op.dims],  # type: ignore[arg-type]
-                                        dtype=out.dtype.numpy)
+    ctx.constants[buffer.id] = np.array(
+        [int(d) for d in op.dims],  # type: ignore[arg-type]
+        dtype=out.dtype.numpy,
+    )
 
 
 def emit_gather(ctx: LoweringContext, kernel: Kernel) -> None:
@@ -75,18 +83,27 @@ def emit_gather(ctx: LoweringContext, kernel: Kernel) -> None:
     axis, q = op.axis, len(il.shape)
     coords = decompose("i", out.shape, "c", itype)
     index_offset = " + ".join(
-        [f"c{axis + j} * ({s})" for j, s in enumerate(il.strides) if s] or ["0"])
+        [f"c{axis + j} * ({s})" for j, s in enumerate(il.strides) if s] or ["0"]
+    )
     terms = [f"c{j} * ({xl.strides[j]})" for j in range(axis) if xl.strides[j]]
     terms.append(f"g * ({xl.strides[axis]})")
-    terms += [f"c{j + q - 1} * ({xl.strides[j]})" for j in range(axis + 1, len(xl.shape))
-              if xl.strides[j]]
+    terms += [
+        f"c{j + q - 1} * ({xl.strides[j]})" for j in range(axis + 1, len(xl.shape)) if xl.strides[j]
+    ]
     reads = Reads(ctx)
     reads.slot(x, share=False)
     reads.slot(indices, share=False)
     source = render(
-        "gather.cu", NAME=PLACEHOLDER, PARAMS=reads.params(kernel.output), THREADS=THREADS,
-        INDEX=itype, COUNT=count, COORDS=indent(coords), INDEX_OFFSET=index_offset,
-        SIZE=f"{xl.shape[axis]}LL", SOURCE_OFFSET=f"(idx_t)({' + '.join(terms)})",
+        "gather.cu",
+        NAME=PLACEHOLDER,
+        PARAMS=reads.params(kernel.output),
+        THREADS=THREADS,
+        INDEX=itype,
+        COUNT=count,
+        COORDS=indent(coords),
+        INDEX_OFFSET=index_offset,
+        SIZE=f"{xl.shape[axis]}LL",
+        SOURCE_OFFSET=f"(idx_t)({' + '.join(terms)})",
     )
     _launch(ctx, "gather", source, count, reads, kernel.output)
 
@@ -118,9 +135,16 @@ def emit_concat(ctx: LoweringContext, kernel: Kernel) -> None:
         lines.append(f"  out[i] = {element};")
         start += size
     lines.append("}")
-    source = render("concat.cu", NAME=PLACEHOLDER, PARAMS=reads.params(kernel.output),
-                    THREADS=THREADS, INDEX=itype, COUNT=count, COORDS=indent(coords),
-                    SELECT=indent(lines))
+    source = render(
+        "concat.cu",
+        NAME=PLACEHOLDER,
+        PARAMS=reads.params(kernel.output),
+        THREADS=THREADS,
+        INDEX=itype,
+        COUNT=count,
+        COORDS=indent(coords),
+        SELECT=indent(lines),
+    )
     _launch(ctx, "concat", source, count, reads, kernel.output)
 
 
@@ -156,9 +180,16 @@ def emit_pad(ctx: LoweringContext, kernel: Kernel) -> None:
     reads.slot(x)
     value = store_value(literal(op.value, out.dtype), out.dtype)
     source = render(
-        "pad.cu", NAME=PLACEHOLDER, PARAMS=reads.params(kernel.output), THREADS=THREADS,
-        INDEX=itype, COUNT=count, COORDS=indent(coords), SOURCE=indent(lines),
-        SOURCE_OFFSET=offset("s", xl.strides), VALUE=value,
+        "pad.cu",
+        NAME=PLACEHOLDER,
+        PARAMS=reads.params(kernel.output),
+        THREADS=THREADS,
+        INDEX=itype,
+        COUNT=count,
+        COORDS=indent(coords),
+        SOURCE=indent(lines),
+        SOURCE_OFFSET=offset("s", xl.strides),
+        VALUE=value,
     )
     _launch(ctx, "pad", source, count, reads, kernel.output)
 
@@ -186,19 +217,32 @@ def emit_scatter(ctx: LoweringContext, kernel: Kernel) -> None:
     if op.reduction is ScatterReduction.NONE:
         write = "out[o] = u;"
     else:
-        combine = {ScatterReduction.ADD: "b_add", ScatterReduction.MUL: "b_mul",
-                   ScatterReduction.MAX: "b_max", ScatterReduction.MIN: "b_min"}[op.reduction]
+        combine = {
+            ScatterReduction.ADD: "b_add",
+            ScatterReduction.MUL: "b_mul",
+            ScatterReduction.MAX: "b_max",
+            ScatterReduction.MIN: "b_min",
+        }[op.reduction]
         updated = store_value(
-            f"kn::{combine}<{compute}>({load_value('v', dtype)}, {load_value('u', dtype)})",
-            dtype)
+            f"kn::{combine}<{compute}>({load_value('v', dtype)}, {load_value('u', dtype)})", dtype
+        )
         write = f"kn::atomic_update(out + o, [&]({storage} v) {{ return {updated}; }});"
     reads = Reads(ctx)
     reads.slot(indices, share=False)
     reads.slot(updates, share=False)
     source = render(
-        "scatter.cu", NAME=PLACEHOLDER, PARAMS=reads.params(kernel.output), THREADS=THREADS,
-        INDEX=itype, COUNT=count, COORDS=indent(coords), INDEX_OFFSET=offset("c", il.strides),
-        SIZE=f"{out.shape[op.axis]}LL", OUT_OFFSET=" + ".join(terms),
-        UPDATE_OFFSET=offset("c", ul.strides), T=storage, WRITE=indent([write]),
+        "scatter.cu",
+        NAME=PLACEHOLDER,
+        PARAMS=reads.params(kernel.output),
+        THREADS=THREADS,
+        INDEX=itype,
+        COUNT=count,
+        COORDS=indent(coords),
+        INDEX_OFFSET=offset("c", il.strides),
+        SIZE=f"{out.shape[op.axis]}LL",
+        OUT_OFFSET=" + ".join(terms),
+        UPDATE_OFFSET=offset("c", ul.strides),
+        T=storage,
+        WRITE=indent([write]),
     )
     _launch(ctx, "scatter", source, count, reads, kernel.output)

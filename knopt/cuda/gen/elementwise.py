@@ -40,8 +40,11 @@ def replace_acc(expr: Expr, index: int) -> Expr:
     if isinstance(expr, CastE):
         return CastE(replace_acc(expr.x, index), expr.dtype)
     if isinstance(expr, WhereE):
-        return WhereE(replace_acc(expr.condition, index), replace_acc(expr.a, index),
-                      replace_acc(expr.b, index))
+        return WhereE(
+            replace_acc(expr.condition, index),
+            replace_acc(expr.a, index),
+            replace_acc(expr.b, index),
+        )
     return expr
 
 
@@ -79,8 +82,9 @@ def elementwise_launch(
     strides = merged[1:]
     items = [target.dtype.itemsize] + [ctx.dtype(inputs[i]).itemsize for i in used]
     vec = _vector_width(dims, max(items), count)
-    extent = max([count] + [abs(ctx.layout(inputs[i]).offset) + ctx.layout(inputs[i]).numel
-                            for i in used])
+    extent = max(
+        [count] + [abs(ctx.layout(inputs[i]).offset) + ctx.layout(inputs[i]).numel for i in used]
+    )
     itype = index_type(extent * 2)
     coords = decompose("first", dims, "c", itype)
     offsets, wide, values = [], [], []
@@ -90,10 +94,16 @@ def elementwise_launch(
         ctype = storage_type(load_dtypes[i])
         offsets.append(f"const idx_t o{slot} = {offset('c', st)};")
         inner = st[-1] if st else 0
-        if vec > 1 and inner == 1 and layout.offset % vec == 0 and all(
-                s % vec == 0 for s in st[:-1]):
-            wide.append(f"const kn::Vec<{ctype}, {vec}> w{slot} = "
-                        f"*reinterpret_cast<const kn::Vec<{ctype}, {vec}>*>(in{slot} + o{slot});")
+        if (
+            vec > 1
+            and inner == 1
+            and layout.offset % vec == 0
+            and all(s % vec == 0 for s in st[:-1])
+        ):
+            wide.append(
+                f"const kn::Vec<{ctype}, {vec}> w{slot} = "
+                f"*reinterpret_cast<const kn::Vec<{ctype}, {vec}>*>(in{slot} + o{slot});"
+            )
             element = f"w{slot}.v[v]"
         elif inner == 0 or vec == 1:
             element = f"in{slot}[o{slot}]"
@@ -104,12 +114,22 @@ def elementwise_launch(
     result = code.emit(body)
     value = store_value(cast(result, code.dtype(body), target.dtype), target.dtype)
     parameters = [(storage_type(target.dtype), "out", True)] + [
-        (storage_type(load_dtypes[i]), f"in{slot}", False) for slot, i in enumerate(used)]
+        (storage_type(load_dtypes[i]), f"in{slot}", False) for slot, i in enumerate(used)
+    ]
     source = render(
-        "elementwise.cu", NAME=PLACEHOLDER, PARAMS=params(parameters), THREADS=THREADS,
-        INDEX=itype, GROUPS=count // vec, VEC=vec, OFFSETS=indent(coords + offsets),
-        WIDE_LOADS=indent(wide), VALUES=indent(values, 2), BODY=indent(code.lines, 2),
-        RESULT=value, OUT_T=storage_type(target.dtype),
+        "elementwise.cu",
+        NAME=PLACEHOLDER,
+        PARAMS=params(parameters),
+        THREADS=THREADS,
+        INDEX=itype,
+        GROUPS=count // vec,
+        VEC=vec,
+        OFFSETS=indent(coords + offsets),
+        WIDE_LOADS=indent(wide),
+        VALUES=indent(values, 2),
+        BODY=indent(code.lines, 2),
+        RESULT=value,
+        OUT_T=storage_type(target.dtype),
     )
     name, source = named("elementwise", source)
     args = (Buf(out), *(Buf(inputs[i]) for i in used))

@@ -109,8 +109,9 @@ class Reads:
     def params(self, out: int) -> str:
         """The parameter list: `out`, then the inputs."""
         entries = [(storage_type(self.ctx.dtype(out)), "out", True)]
-        entries += [(storage_type(self.ctx.dtype(t)), f"in{i}", False)
-                    for i, t in enumerate(self.tensors)]
+        entries += [
+            (storage_type(self.ctx.dtype(t)), f"in{i}", False) for i, t in enumerate(self.tensors)
+        ]
         return params(entries)
 
     def args(self, out: int) -> tuple[Buf, ...]:

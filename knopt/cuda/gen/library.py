@@ -88,7 +88,8 @@ def _classify_loads(
         strides = broadcast_to(ctx.layout(tid), out.shape, ctx.where)
         axis = bias_axis % len(out.shape)
         is_vector = all(s == 0 for i, s in enumerate(strides) if i != axis) and (
-            strides[axis] == 1 or out.shape[axis] == 1)
+            strides[axis] == 1 or out.shape[axis] == 1
+        )
         aligned = ctx.layout(tid).offset * out.dtype.itemsize % BIAS_ALIGNMENT == 0
         if is_vector and aligned and bias is None:
             bias = tid
@@ -105,8 +106,9 @@ def match_epilogue(ctx: LoweringContext, kernel: Kernel, *, conv: bool) -> Fused
     if expr is None:
         return FusedEpilogue()
     activation = ""
-    if isinstance(expr, UnaryE) and (expr.kind is Unary.RELU or (
-            not conv and expr.kind in _GEMM_ACTIVATIONS)):
+    if isinstance(expr, UnaryE) and (
+        expr.kind is Unary.RELU or (not conv and expr.kind in _GEMM_ACTIVATIONS)
+    ):
         activation = _GEMM_ACTIVATIONS[expr.kind]
         expr = expr.x
     terms = _add_terms(expr)
@@ -116,8 +118,9 @@ def match_epilogue(ctx: LoweringContext, kernel: Kernel, *, conv: bool) -> Fused
     alpha = _scale(with_acc[0])
     if alpha is None or (conv and alpha != 1.0):
         return None
-    loads = _classify_loads(ctx, kernel, [t for t in terms if t is not with_acc[0]],
-                            1 if conv else -1)
+    loads = _classify_loads(
+        ctx, kernel, [t for t in terms if t is not with_acc[0]], 1 if conv else -1
+    )
     if loads is None:
         return None
     bias, residual = loads
@@ -133,8 +136,9 @@ def _epilogue_launch(ctx: LoweringContext, kernel: Kernel) -> Launch | None:
     return elementwise_launch(ctx, kernel.output, body, [*kernel.inputs, kernel.output])
 
 
-def _split_epilogue(ctx: LoweringContext, kernel: Kernel, shape: tuple[int, ...],
-                    dtype: DType) -> int:
+def _split_epilogue(
+    ctx: LoweringContext, kernel: Kernel, shape: tuple[int, ...], dtype: DType
+) -> int:
     """A temporary for the main op's result when the epilogue runs as its own kernel."""
     return ctx.new_tensor(shape, dtype) if kernel.epilogue is not None else kernel.output
 
@@ -181,8 +185,14 @@ def _matrix(strides: tuple[int, ...], rows: int, cols: int) -> tuple[int, int] |
     return None
 
 
-def gemm_step(ctx: LoweringContext, a: int, b: int, d: int, fused: FusedEpilogue,
-              fallback: Launch | None = None) -> Gemm:
+def gemm_step(
+    ctx: LoweringContext,
+    a: int,
+    b: int,
+    d: int,
+    fused: FusedEpilogue,
+    fallback: Launch | None = None,
+) -> Gemm:
     """The Gemm step for `d = a @ b` (with `fused`), copying operands cuBLASLt cannot read."""
     m, k = ctx.tensor(a).shape[-2:]
     n = ctx.tensor(b).shape[-1]
@@ -201,9 +211,14 @@ def gemm_step(ctx: LoweringContext, a: int, b: int, d: int, fused: FusedEpilogue
     batch_strides = [st[0] if dims else 0 for st in strides]
     rows = m
     assert am is not None and bm is not None and len(dims) <= 1
-    if (batch > 1 and batch_strides[1] == 0 and am[1] == 1
-            and batch_strides[0] == m * am[0] and batch_strides[2] == m * n
-            and all(s == m * n for s in batch_strides[3:])):
+    if (
+        batch > 1
+        and batch_strides[1] == 0
+        and am[1] == 1
+        and batch_strides[0] == m * am[0]
+        and batch_strides[2] == m * n
+        and all(s == m * n for s in batch_strides[3:])
+    ):
         rows, batch = m * batch, 1  # a shared weight: one tall GEMM instead of a batch
         batch_strides = [0] * len(batch_strides)
     operand_a = Operand(a, rows, k, am[0], am[1], batch_strides[0])
@@ -212,12 +227,24 @@ def gemm_step(ctx: LoweringContext, a: int, b: int, d: int, fused: FusedEpilogue
     residual = None
     if fused.residual is not None:
         residual = Operand(fused.residual, rows, n, n, 1, batch_strides[3])
-    return Gemm(operand_a, operand_b, operand_d, batch, ctx.dtype(a), ctx.precision,
-                fused.alpha, fused.bias, residual, fused.activation, fallback)
+    return Gemm(
+        operand_a,
+        operand_b,
+        operand_d,
+        batch,
+        ctx.dtype(a),
+        ctx.precision,
+        fused.alpha,
+        fused.bias,
+        residual,
+        fused.activation,
+        fallback,
+    )
 
 
-def _batch_axes(ctx: LoweringContext, batch_shape: tuple[int, ...],
-                tensors: list[int | None]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+def _batch_axes(
+    ctx: LoweringContext, batch_shape: tuple[int, ...], tensors: list[int | None]
+) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
     layouts = [ctx.layout(t).strides[:-2] for t in tensors if t is not None]
     return merge_axes(batch_shape, layouts)
 
@@ -233,8 +260,13 @@ def emit_conv(ctx: LoweringContext, kernel: Kernel) -> None:
     out = ctx.tensor(kernel.output)
     dtype = ctx.dtype(x)
     spatial = len(out.shape) - 2
-    if dtype not in CONV_DTYPES or not 1 <= spatial <= 3 or out.layout.numel == 0 or \
-            0 in ctx.tensor(x).shape or 0 in ctx.tensor(w).shape:
+    if (
+        dtype not in CONV_DTYPES
+        or not 1 <= spatial <= 3
+        or out.layout.numel == 0
+        or 0 in ctx.tensor(x).shape
+        or 0 in ctx.tensor(w).shape
+    ):
         acc = _split_epilogue(ctx, kernel, out.shape, dtype)
         emit_conv_direct(ctx, acc, x, w, op)
         _finish_split(ctx, kernel, acc)
@@ -250,10 +282,32 @@ def emit_conv(ctx: LoweringContext, kernel: Kernel) -> None:
     ctx.emit(conv_step(ctx, op, x, w, kernel.output, fused, fallback))
 
 
-def conv_step(ctx: LoweringContext, op: ops.Conv, x: int, w: int, y: int, fused: FusedEpilogue,
-              fallback: Launch | None = None) -> Conv:
+def conv_step(
+    ctx: LoweringContext,
+    op: ops.Conv,
+    x: int,
+    w: int,
+    y: int,
+    fused: FusedEpilogue,
+    fallback: Launch | None = None,
+) -> Conv:
     """The Conv step for `y = conv(x, w)` with `fused`."""
-    return Conv(x, w, y, ctx.tensor(x).shape, ctx.tensor(w).shape, ctx.tensor(y).shape,
-                op.strides, op.pads, op.dilations, op.groups, ctx.dtype(x), ctx.precision,
-                fused.bias, fused.residual, fused.activation == "relu", fallback,
-                conv_direct_launch(ctx, y, x, w, op))
+    return Conv(
+        x,
+        w,
+        y,
+        ctx.tensor(x).shape,
+        ctx.tensor(w).shape,
+        ctx.tensor(y).shape,
+        op.strides,
+        op.pads,
+        op.dilations,
+        op.groups,
+        ctx.dtype(x),
+        ctx.precision,
+        fused.bias,
+        fused.residual,
+        fused.activation == "relu",
+        fallback,
+        conv_direct_launch(ctx, y, x, w, op),
+    )

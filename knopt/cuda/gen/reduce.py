@@ -104,8 +104,9 @@ def emit_reduce(ctx: LoweringContext, kernel: Kernel) -> None:
     outputs, count = numel(kept_dims), numel(red_dims)
     rows = bool(op.axes) and op.axes[-1] == len(shape) - 1 and count > ROW_MIN
     threads = _row_threads(outputs, count) if rows else THREADS
-    extent = max([count * outputs] + [ctx.layout(t).numel + abs(ctx.layout(t).offset)
-                                      for t in inputs])
+    extent = max(
+        [count * outputs] + [ctx.layout(t).numel + abs(ctx.layout(t).offset) for t in inputs]
+    )
     itype = index_type(extent * 2)
     reads = Reads(ctx)
     kept_lines = decompose("m", kept, "k", itype)
@@ -123,15 +124,26 @@ def emit_reduce(ctx: LoweringContext, kernel: Kernel) -> None:
     for i in epi_loads:
         element = f"{reads.slot(inputs[i])}[e{i}]"
         epi_lines.append(f"const auto y{i} = {load_value(element, dtypes[i])};")
-    epi = ScalarCode(dtypes, [f"y{i}" for i in range(len(inputs))], acc=dtype, acc_name="a",
-                     prefix="q")
+    epi = ScalarCode(
+        dtypes, [f"y{i}" for i in range(len(inputs))], acc=dtype, acc_name="a", prefix="q"
+    )
     result = epi.emit(epilogue)
     acc_t = accumulate_type(dtype)
     source = render(
-        "reduce.cu", NAME=PLACEHOLDER, PARAMS=reads.params(kernel.output), THREADS=threads,
-        INDEX=itype, ROWS=int(rows), OUTPUTS=outputs, COUNT=count, ACC_T=acc_t,
-        IDENTITY=identity(op.kind, dtype), OP=_OPS[op.kind], KEPT=indent(kept_lines),
-        REDUCED=indent(red_lines + pro.lines, 2), VALUE=value,
+        "reduce.cu",
+        NAME=PLACEHOLDER,
+        PARAMS=reads.params(kernel.output),
+        THREADS=threads,
+        INDEX=itype,
+        ROWS=int(rows),
+        OUTPUTS=outputs,
+        COUNT=count,
+        ACC_T=acc_t,
+        IDENTITY=identity(op.kind, dtype),
+        OP=_OPS[op.kind],
+        KEPT=indent(kept_lines),
+        REDUCED=indent(red_lines + pro.lines, 2),
+        VALUE=value,
         ACC_VALUE=cast("acc", accumulate_dtype(dtype), dtype),
         EPILOGUE=indent(epi_lines + epi.lines),
         RESULT=store_value(cast(result, epi.dtype(epilogue), out.dtype), out.dtype),
@@ -163,7 +175,8 @@ def _axis_reads(
 ) -> tuple[tuple[int, ...], tuple[int, ...], int, int]:
     layout = ctx.layout(tid)
     kept_dims, (kept_strides,), (count,), ((stride,),) = split_axes(
-        layout.shape, [axis], [layout.strides])
+        layout.shape, [axis], [layout.strides]
+    )
     return kept_dims, kept_strides, count, stride
 
 
@@ -189,14 +202,29 @@ def emit_arg_reduce(ctx: LoweringContext, kernel: Kernel) -> None:
     reads = Reads(ctx)
     pointer = reads.slot(source_id)
     source = render(
-        "arg_reduce.cu", NAME=PLACEHOLDER, PARAMS=reads.params(kernel.output), THREADS=THREADS,
-        INDEX=itype, OUTPUTS=outputs, KEPT=indent(lines), T=ctype, COUNT=count,
+        "arg_reduce.cu",
+        NAME=PLACEHOLDER,
+        PARAMS=reads.params(kernel.output),
+        THREADS=THREADS,
+        INDEX=itype,
+        OUTPUTS=outputs,
+        KEPT=indent(lines),
+        T=ctype,
+        COUNT=count,
         LOAD_FIRST=load_value(f"{pointer}[b]", dtype),
-        LOAD_J=load_value(f"{pointer}[b + j * ({stride})]", dtype), BETTER=better,
+        LOAD_J=load_value(f"{pointer}[b + j * ({stride})]", dtype),
+        BETTER=better,
     )
     name, source = named("arg_reduce", source)
-    ctx.emit(Launch(name, source, (blocks(outputs, THREADS), 1, 1), (THREADS, 1, 1),
-                    reads.args(kernel.output)))
+    ctx.emit(
+        Launch(
+            name,
+            source,
+            (blocks(outputs, THREADS), 1, 1),
+            (THREADS, 1, 1),
+            reads.args(kernel.output),
+        )
+    )
 
 
 def emit_cumsum(ctx: LoweringContext, kernel: Kernel) -> None:
@@ -207,29 +235,44 @@ def emit_cumsum(ctx: LoweringContext, kernel: Kernel) -> None:
     out = ctx.tensor(kernel.output)
     layout = ctx.layout(source_id)
     kept_dims, (in_kept, out_kept), (count,), ((in_stride,), (out_stride,)) = split_axes(
-        layout.shape, [op.axis], [layout.strides, out.layout.strides])
+        layout.shape, [op.axis], [layout.strides, out.layout.strides]
+    )
     rows = numel(kept_dims)
     if rows == 0 or count == 0:
         return
     dims, (in_strides, out_strides) = merge_axes(kept_dims, [in_kept, out_kept])
     itype = index_type(2 * max(out.layout.numel, layout.numel + abs(layout.offset)))
     lines = decompose("m", dims, "k", itype)
-    lines += [f"const idx_t b = {offset('k', in_strides)};",
-              f"const idx_t o = {offset('k', out_strides)};"]
+    lines += [
+        f"const idx_t b = {offset('k', in_strides)};",
+        f"const idx_t o = {offset('k', out_strides)};",
+    ]
     dtype = ctx.dtype(source_id)
     acc_t = accumulate_type(dtype)
     reads = Reads(ctx)
     pointer = reads.slot(source_id)
     source = render(
-        "cumsum.cu", NAME=PLACEHOLDER, PARAMS=reads.params(kernel.output), THREADS=THREADS,
-        INDEX=itype, ROWS=rows, KEPT=indent(lines), ACC_T=acc_t, COUNT=count,
-        REVERSE="true" if op.reverse else "false", EXCLUSIVE=int(op.exclusive),
-        LOAD=load_value(f"{pointer}[b + j * ({in_stride})]", dtype), OUT_STRIDE=out_stride,
+        "cumsum.cu",
+        NAME=PLACEHOLDER,
+        PARAMS=reads.params(kernel.output),
+        THREADS=THREADS,
+        INDEX=itype,
+        ROWS=rows,
+        KEPT=indent(lines),
+        ACC_T=acc_t,
+        COUNT=count,
+        REVERSE="true" if op.reverse else "false",
+        EXCLUSIVE=int(op.exclusive),
+        LOAD=load_value(f"{pointer}[b + j * ({in_stride})]", dtype),
+        OUT_STRIDE=out_stride,
         STORE=store_value("acc", out.dtype),
     )
     name, source = named("cumsum", source)
-    ctx.emit(Launch(name, source, (blocks(rows, THREADS), 1, 1), (THREADS, 1, 1),
-                    reads.args(kernel.output)))
+    ctx.emit(
+        Launch(
+            name, source, (blocks(rows, THREADS), 1, 1), (THREADS, 1, 1), reads.args(kernel.output)
+        )
+    )
 
 
 def emit_arg_sort(ctx: LoweringContext, kernel: Kernel) -> None:
@@ -240,15 +283,18 @@ def emit_arg_sort(ctx: LoweringContext, kernel: Kernel) -> None:
     out = ctx.tensor(kernel.output)
     layout = ctx.layout(source_id)
     kept_dims, (in_kept, out_kept), (count,), ((in_stride,), (out_stride,)) = split_axes(
-        layout.shape, [op.axis], [layout.strides, out.layout.strides])
+        layout.shape, [op.axis], [layout.strides, out.layout.strides]
+    )
     total = numel(kept_dims) * count
     if total == 0:
         return
     dims, (in_strides, out_strides) = merge_axes(kept_dims, [in_kept, out_kept])
     itype = index_type(2 * max(total, layout.numel + abs(layout.offset)))
     lines = decompose("m", dims, "k", itype)
-    lines += [f"const idx_t b = {offset('k', in_strides)};",
-              f"const idx_t o = {offset('k', out_strides)};"]
+    lines += [
+        f"const idx_t b = {offset('k', in_strides)};",
+        f"const idx_t o = {offset('k', out_strides)};",
+    ]
     dtype = ctx.dtype(source_id)
     reads = Reads(ctx)
     pointer = reads.slot(source_id)
@@ -259,12 +305,24 @@ def emit_arg_sort(ctx: LoweringContext, kernel: Kernel) -> None:
         return f"((kn::isnan_({b}) && !kn::isnan_({a})) || {a} < {b})"
 
     source = render(
-        "arg_sort.cu", NAME=PLACEHOLDER, PARAMS=reads.params(kernel.output), THREADS=THREADS,
-        INDEX=itype, TOTAL=total, COUNT=count, KEPT=indent(lines), T=compute_type(dtype),
+        "arg_sort.cu",
+        NAME=PLACEHOLDER,
+        PARAMS=reads.params(kernel.output),
+        THREADS=THREADS,
+        INDEX=itype,
+        TOTAL=total,
+        COUNT=count,
+        KEPT=indent(lines),
+        T=compute_type(dtype),
         LOAD_I=load_value(f"{pointer}[b + i * ({in_stride})]", dtype),
         LOAD_J=load_value(f"{pointer}[b + j * ({in_stride})]", dtype),
-        BEFORE_JI=before("xj", "xi"), BEFORE_IJ=before("xi", "xj"), OUT_STRIDE=out_stride,
+        BEFORE_JI=before("xj", "xi"),
+        BEFORE_IJ=before("xi", "xj"),
+        OUT_STRIDE=out_stride,
     )
     name, source = named("arg_sort", source)
-    ctx.emit(Launch(name, source, (blocks(total, THREADS), 1, 1), (THREADS, 1, 1),
-                    reads.args(kernel.output)))
+    ctx.emit(
+        Launch(
+            name, source, (blocks(total, THREADS), 1, 1), (THREADS, 1, 1), reads.args(kernel.output)
+        )
+    )

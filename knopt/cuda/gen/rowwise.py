@@ -82,15 +82,17 @@ def _emit_rowwise(ctx: LoweringContext, kernel: Kernel, axes: Sequence[int], eps
     length = numel(row_dims)
     threads = row_threads(length)
     cached = -(-length // threads) <= MAX_CACHED
-    extent = max([out.layout.numel] + [ctx.layout(t).numel + abs(ctx.layout(t).offset)
-                                       for t in inputs])
+    extent = max(
+        [out.layout.numel] + [ctx.layout(t).numel + abs(ctx.layout(t).offset) for t in inputs]
+    )
     itype = index_type(2 * extent)
     real = "double" if dtype is DType.F64 else "float"
     real_dtype = DType.F64 if dtype is DType.F64 else DType.F32
     bases = [f"b{i}" for i in pro_loads] + [f"e{i}" for i in epi_loads] + ["o"]
     outer_lines = decompose("row", outer, "k", itype)
-    outer_lines += [f"const idx_t {b} = {offset('k', st)};"
-                    for b, st in zip(bases, outer_merged, strict=True)]
+    outer_lines += [
+        f"const idx_t {b} = {offset('k', st)};" for b, st in zip(bases, outer_merged, strict=True)
+    ]
     reads = Reads(ctx)
     coords = decompose("j", row, "r", itype)
     load_lines = list(coords)
@@ -106,17 +108,27 @@ def _emit_rowwise(ctx: LoweringContext, kernel: Kernel, axes: Sequence[int], eps
         element = f"{reads.slot(inputs[i])}[{row_offset}]"
         store_lines.append(f"const auto y{i} = {load_value(element, dtypes[i])};")
     store_lines.append(f"const auto a = {cast('value', real_dtype, dtype)};")
-    epi = ScalarCode(dtypes, [f"y{i}" for i in range(len(inputs))], acc=dtype, acc_name="a",
-                     prefix="q")
+    epi = ScalarCode(
+        dtypes, [f"y{i}" for i in range(len(inputs))], acc=dtype, acc_name="a", prefix="q"
+    )
     result = epi.emit(epilogue)
     store_lines += epi.lines
     out_index = offset("r", row_merged[-1], "o")
     stored = store_value(cast(result, epi.dtype(epilogue), out.dtype), out.dtype)
     store_lines.append(f"out[{out_index}] = {stored};")
     source = render(
-        "rowwise.cu", NAME=PLACEHOLDER, PARAMS=reads.params(kernel.output), THREADS=threads,
-        INDEX=itype, C=real, LENGTH=length, OUTER=indent(outer_lines), LOAD=indent(load_lines, 2),
-        STORE=indent(store_lines, 2), CACHED=int(cached), OP=_OPS[type(kernel.op)],
+        "rowwise.cu",
+        NAME=PLACEHOLDER,
+        PARAMS=reads.params(kernel.output),
+        THREADS=threads,
+        INDEX=itype,
+        C=real,
+        LENGTH=length,
+        OUTER=indent(outer_lines),
+        LOAD=indent(load_lines, 2),
+        STORE=indent(store_lines, 2),
+        CACHED=int(cached),
+        OP=_OPS[type(kernel.op)],
         EPS=literal(eps, real_dtype),
     )
     name, source = named(type(kernel.op).__name__.lower(), source)

@@ -36,24 +36,26 @@ from knopt.opt.program import Kernel
 THREADS = 256
 
 
-def _emit(ctx: LoweringContext, kind: str, source: str, count: int, reads: Reads,
-          out: int) -> None:
+def _emit(ctx: LoweringContext, kind: str, source: str, count: int, reads: Reads, out: int) -> None:
     name, source = named(kind, source)
-    ctx.emit(Launch(name, source, (blocks(count, THREADS), 1, 1), (THREADS, 1, 1),
-                    reads.args(out)))
+    ctx.emit(Launch(name, source, (blocks(count, THREADS), 1, 1), (THREADS, 1, 1), reads.args(out)))
 
 
 def _window_loops(
-    spatial: tuple[int, ...], kernel: tuple[int, ...], strides: tuple[int, ...],
-    pads: tuple[tuple[int, int], ...], dilations: tuple[int, ...],
+    spatial: tuple[int, ...],
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    pads: tuple[tuple[int, int], ...],
+    dilations: tuple[int, ...],
 ) -> list[str]:
     """Opening lines of one loop per window axis, defining p<d>, real<d> and padded<d>."""
     lines = []
     for d, size in enumerate(spatial):
         before, after = pads[d]
         lines.append(f"for (idx_t k{d} = 0; k{d} < {kernel[d]}; ++k{d}) {{")
-        lines.append(f"  const idx_t p{d} = c{d + 2} * {strides[d]} - {before} + "
-                     f"k{d} * {dilations[d]};")
+        lines.append(
+            f"  const idx_t p{d} = c{d + 2} * {strides[d]} - {before} + k{d} * {dilations[d]};"
+        )
         lines.append(f"  const bool real{d} = p{d} >= 0 && p{d} < {size};")
         lines.append(f"  const bool padded{d} = p{d} >= -{before} && p{d} < {size + after};")
     return lines
@@ -93,11 +95,24 @@ def emit_pool(ctx: LoweringContext, kernel: Kernel) -> None:
         if op.count_include_pad:
             body.append(f"else if ({padded}) count += 1;")
         result = store_value(cast("(acc / (count > 0 ? count : 1.0))", DType.F64, dtype), dtype)
-    lines = loops + ["  " * len(spatial) + b for b in body] + [
-        "  " * (len(spatial) - 1 - d) + "}" for d in range(len(spatial))]
-    source = render("pool.cu", NAME=PLACEHOLDER, PARAMS=reads.params(kernel.output),
-                    THREADS=THREADS, INDEX=itype, COUNT=count, COORDS=indent(coords),
-                    ACC_T=acc_t, INIT=init, LOOPS=indent(lines), RESULT=result)
+    lines = (
+        loops
+        + ["  " * len(spatial) + b for b in body]
+        + ["  " * (len(spatial) - 1 - d) + "}" for d in range(len(spatial))]
+    )
+    source = render(
+        "pool.cu",
+        NAME=PLACEHOLDER,
+        PARAMS=reads.params(kernel.output),
+        THREADS=THREADS,
+        INDEX=itype,
+        COUNT=count,
+        COORDS=indent(coords),
+        ACC_T=acc_t,
+        INIT=init,
+        LOOPS=indent(lines),
+        RESULT=result,
+    )
     _emit(ctx, "pool", source, count, reads, kernel.output)
 
 
@@ -114,8 +129,9 @@ def emit_conv_direct(ctx: LoweringContext, out_id: int, x: int, w: int, op: ops.
         ctx.emit(launch)
 
 
-def conv_direct_launch(ctx: LoweringContext, out_id: int, x: int, w: int,
-                       op: ops.Conv) -> Launch | None:
+def conv_direct_launch(
+    ctx: LoweringContext, out_id: int, x: int, w: int, op: ops.Conv
+) -> Launch | None:
     """Grouped N-d convolution by a thread per output element (any dtype, any rank)."""
     out = ctx.tensor(out_id)
     count = out.layout.numel
@@ -138,18 +154,28 @@ def conv_direct_launch(ctx: LoweringContext, out_id: int, x: int, w: int,
     xv = load_value(f"{xp}[{' + '.join(x_terms)}]", ctx.dtype(x))
     wv = load_value(f"{wp}[{' + '.join(w_terms)}]", ctx.dtype(w))
     body = [f"if ({real}) acc += ({acc_t})({xv}) * ({acc_t})({wv});"]
-    lines = loops + ["  " * len(spatial) + b for b in body] + [
-        "  " * (len(spatial) - 1 - d) + "}" for d in range(len(spatial))]
+    lines = (
+        loops
+        + ["  " * len(spatial) + b for b in body]
+        + ["  " * (len(spatial) - 1 - d) + "}" for d in range(len(spatial))]
+    )
     acc_dtype = accumulate_dtype(out.dtype)
     source = render(
-        "conv_direct.cu", NAME=PLACEHOLDER, PARAMS=reads.params(out_id), THREADS=THREADS,
-        INDEX=itype, COUNT=count, COORDS=indent(coords),
-        OUT_PER_GROUP=out.shape[1] // op.groups, IN_PER_GROUP=wl.shape[1], ACC_T=acc_t,
-        LOOPS=indent(lines, 2), RESULT=store_value(cast("acc", acc_dtype, out.dtype), out.dtype),
+        "conv_direct.cu",
+        NAME=PLACEHOLDER,
+        PARAMS=reads.params(out_id),
+        THREADS=THREADS,
+        INDEX=itype,
+        COUNT=count,
+        COORDS=indent(coords),
+        OUT_PER_GROUP=out.shape[1] // op.groups,
+        IN_PER_GROUP=wl.shape[1],
+        ACC_T=acc_t,
+        LOOPS=indent(lines, 2),
+        RESULT=store_value(cast("acc", acc_dtype, out.dtype), out.dtype),
     )
     name, source = named("conv_direct", source)
-    return Launch(name, source, (blocks(count, THREADS), 1, 1), (THREADS, 1, 1),
-                  reads.args(out_id))
+    return Launch(name, source, (blocks(count, THREADS), 1, 1), (THREADS, 1, 1), reads.args(out_id))
 
 
 def emit_matmul_direct(ctx: LoweringContext, out_id: int, a: int, b: int) -> None:
@@ -171,8 +197,15 @@ def emit_matmul_direct(ctx: LoweringContext, out_id: int, a: int, b: int) -> Non
     acc_t = accumulate_type(out.dtype)
     acc_dtype = accumulate_dtype(out.dtype)
     source = render(
-        "matmul_direct.cu", NAME=PLACEHOLDER, PARAMS=reads.params(out_id), THREADS=THREADS,
-        INDEX=itype, COUNT=count, COORDS=indent(coords), ACC_T=acc_t, K=al.shape[-1],
+        "matmul_direct.cu",
+        NAME=PLACEHOLDER,
+        PARAMS=reads.params(out_id),
+        THREADS=THREADS,
+        INDEX=itype,
+        COUNT=count,
+        COORDS=indent(coords),
+        ACC_T=acc_t,
+        K=al.shape[-1],
         A=load_value(f"{ap}[{' + '.join(a_terms)}]", ctx.dtype(a)),
         B=load_value(f"{bp}[{' + '.join(b_terms)}]", ctx.dtype(b)),
         RESULT=store_value(cast("acc", acc_dtype, out.dtype), out.dtype),

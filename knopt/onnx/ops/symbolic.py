@@ -90,7 +90,9 @@ def _elementwise_folder(name: str) -> None:
     fn, to_bool = _ELEMENTWISE[name]
 
     @folder(name)
-    def run(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[Known] | None:
+    def run(
+        ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
+    ) -> list[Known] | None:
         ctx.attributes(node)
         values = [a for a in args if a is not None]
         if not all(v.dtype.is_int for v in values):
@@ -117,7 +119,9 @@ def _neg(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> 
 
 
 @folder("Identity")
-def _identity(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[Known] | None:
+def _identity(
+    ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
+) -> list[Known] | None:
     ctx.attributes(node)
     (x,) = args
     assert x is not None
@@ -135,7 +139,9 @@ def _cast(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) ->
 
 
 @folder("Gather")
-def _gather(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[Known] | None:
+def _gather(
+    ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
+) -> list[Known] | None:
     data, indices = args
     assert data is not None and indices is not None
     axis = axis_of(ctx, ctx.attributes(node).int("axis", 0), data.array.ndim)
@@ -147,7 +153,9 @@ def _gather(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) 
 
 
 @folder("Concat")
-def _concat(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[Known] | None:
+def _concat(
+    ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
+) -> list[Known] | None:
     values = [a for a in args if a is not None]
     axis = axis_of(ctx, ctx.attributes(node).int("axis"), values[0].array.ndim)
     joined = np.concatenate([_objects(v) for v in values], axis=axis)
@@ -155,7 +163,9 @@ def _concat(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) 
 
 
 @folder("Unsqueeze")
-def _unsqueeze(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[Known] | None:
+def _unsqueeze(
+    ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
+) -> list[Known] | None:
     x = args[0]
     assert x is not None
     axes = _axes(ctx, node, args)
@@ -170,12 +180,18 @@ def _unsqueeze(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None
 
 
 @folder("Squeeze")
-def _squeeze(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[Known] | None:
+def _squeeze(
+    ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
+) -> list[Known] | None:
     x = args[0]
     assert x is not None
     axes = _axes(ctx, node, args)
     shape = x.array.shape
-    drop = [i for i, d in enumerate(shape) if d == 1] if axes is None else axes_of(ctx, axes, len(shape))
+    drop = (
+        [i for i, d in enumerate(shape) if d == 1]
+        if axes is None
+        else axes_of(ctx, axes, len(shape))
+    )
     return [Known(x.array.reshape([d for i, d in enumerate(shape) if i not in drop]), x.dtype)]
 
 
@@ -189,7 +205,9 @@ def _axes(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) ->
 
 
 @folder("Slice")
-def _slice(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[Known] | None:
+def _slice(
+    ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
+) -> list[Known] | None:
     ctx.attributes(node)
     if ctx.opset < 10 or any(a is not None and a.is_symbolic for a in args[1:]):
         return None
@@ -197,8 +215,16 @@ def _slice(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -
     assert x is not None
     array = _objects(x)
     starts, ends = (args[i].concrete().reshape(-1) for i in (1, 2))  # type: ignore[union-attr]
-    axes = args[3].concrete().reshape(-1) if len(args) > 3 and args[3] is not None else range(len(starts))
-    steps = args[4].concrete().reshape(-1) if len(args) > 4 and args[4] is not None else [1] * len(starts)
+    axes = (
+        args[3].concrete().reshape(-1)
+        if len(args) > 3 and args[3] is not None
+        else range(len(starts))
+    )
+    steps = (
+        args[4].concrete().reshape(-1)
+        if len(args) > 4 and args[4] is not None
+        else [1] * len(starts)
+    )
     index = [slice(None)] * array.ndim
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         index[axis_of(ctx, int(axis), array.ndim)] = slice(int(start), int(end), int(step))
@@ -206,7 +232,9 @@ def _slice(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -
 
 
 @folder("Reshape")
-def _reshape(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[Known] | None:
+def _reshape(
+    ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
+) -> list[Known] | None:
     allow_zero = ctx.attributes(node).int("allowzero", 0)
     x, shape = args
     assert x is not None and shape is not None
@@ -219,7 +247,9 @@ def _reshape(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None])
 
 
 @folder("ReduceProd")
-def _reduce_prod(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[Known] | None:
+def _reduce_prod(
+    ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
+) -> list[Known] | None:
     attrs = ctx.attributes(node)
     keepdims = bool(attrs.int("keepdims", 1))
     x = args[0]
@@ -235,7 +265,9 @@ def _reduce_prod(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | No
 
 
 @folder("Where")
-def _where(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[Known] | None:
+def _where(
+    ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
+) -> list[Known] | None:
     ctx.attributes(node)
     condition, x, y = args
     assert condition is not None and x is not None and y is not None
@@ -246,7 +278,9 @@ def _where(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -
 
 
 @folder("Expand")
-def _expand(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[Known] | None:
+def _expand(
+    ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
+) -> list[Known] | None:
     ctx.attributes(node)
     x, shape = args
     assert x is not None and shape is not None
