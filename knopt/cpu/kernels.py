@@ -34,7 +34,7 @@ def _permute(op: ops.Permute, x: Array) -> Array:
 
 def _slice(op: ops.Slice, x: Array) -> Array:
     index = [slice(None)] * x.ndim
-    index[op.axis] = slice(op.start, op.stop, op.step)  # type: ignore[arg-type]
+    index[op.axis] = slice(op.start, op.stop, op.step)
     return x[tuple(index)]
 
 
@@ -78,7 +78,7 @@ _SCATTER_UFUNCS: dict[ScatterReduction, Any] = {
 def _scatter(op: ops.Scatter, data: Array, indices: Array, updates: Array) -> Array:
     out = data.copy()
     size = data.shape[op.axis]
-    index = list(np.indices(indices.shape, sparse=True))
+    index: list[Array] = list(np.indices(indices.shape, sparse=True))
     index[op.axis] = np.where(indices < 0, indices + size, indices)
     if op.reduction is ScatterReduction.NONE:
         out[tuple(index)] = updates
@@ -203,7 +203,8 @@ def _attention(op: ops.Attention, q: Array, k: Array, v: Array, bias: Array) -> 
 
 
 def _iota(op: ops.Iota) -> Array:
-    return np.arange(op.length, dtype=op.dtype.numpy)  # type: ignore[call-overload]
+    assert isinstance(op.length, int), "bind symbolic sizes before running"
+    return np.arange(op.length, dtype=op.dtype.numpy)
 
 
 def _sizes(op: ops.Sizes) -> Array:

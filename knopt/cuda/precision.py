@@ -75,11 +75,9 @@ def _expr(expr: Expr | None, target: DType) -> Expr | None:
     if isinstance(expr, CastE):
         return CastE(_expr(expr.x, target), _retype(expr.dtype, target))  # type: ignore[arg-type]
     if isinstance(expr, WhereE):
-        return WhereE(
-            _expr(expr.condition, target),
-            _expr(expr.a, target),  # type: ignore[arg-type]
-            _expr(expr.b, target),
-        )  # type: ignore[arg-type]
+        condition, a, b = (_expr(e, target) for e in (expr.condition, expr.a, expr.b))
+        assert condition is not None and a is not None and b is not None
+        return WhereE(condition, a, b)
     return expr
 
 

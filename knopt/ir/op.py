@@ -696,7 +696,7 @@ def _window_size(
         if span < 0:
             return 0
         out = -(-span // stride) if ceil else span // stride
-        if ceil and out * stride >= size + pad[0]:
+        if ceil and isinstance(size, int) and out * stride >= size + pad[0]:
             out -= 1  # the last window must start inside the input or the leading padding
         return out + 1
     return exact_div(span, stride) + 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import reduce
 from typing import TypeAlias
 
 from knopt.errors import InvalidGraphError, UnsupportedModelError
@@ -118,7 +117,10 @@ def symbols_of(shape: Iterable[Dim]) -> frozenset[str]:
 
 def numel(shape: Iterable[Dim]) -> Dim:
     """The number of elements of a shape."""
-    return reduce(lambda a, b: a * b, shape, 1)
+    total: Dim = 1
+    for d in shape:
+        total = total * d
+    return total
 
 
 def exact_div(a: Dim, b: Dim) -> Dim:

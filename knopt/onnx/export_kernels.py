@@ -63,7 +63,8 @@ def save_kernels(
         for name in node.input:
             used_after[name] = i
     outputs = {o.name for o in model.graph.output}
-    new_nodes, functions = [], []
+    new_nodes: list[onnx.NodeProto] = []
+    functions: list[onnx.FunctionProto] = []
     for i, node in enumerate(nodes):
         if i not in owner:
             new_nodes.append(node)

@@ -263,7 +263,7 @@ def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | N
         from knopt.onnx.function import inline_function
 
         return inline_function(ctx, node, ctx.functions[(domain, node.op_type)])
-    outputs = fold_node(ctx, node, domain)
+    outputs: list[OnnxValue | None] | None = fold_node(ctx, node, domain)  # type: ignore[assignment]
     if outputs is None:
         version = ctx.domain_opsets.get(domain, ctx.opset) if domain else ctx.opset
         fn = find_importer(domain, node.op_type, version)
@@ -274,7 +274,8 @@ def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | N
                 "MODEL` lists every unsupported node)"
             )
         ctx._attributes = Attributes(node, ctx.where)
-        outputs = list(fn(ctx, node))
+        imported: list[OnnxValue | None] = list(fn(ctx, node))
+        outputs = imported
     unread = ctx._attributes.unread()
     if unread:
         raise UnsupportedModelError(

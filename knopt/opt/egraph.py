@@ -83,10 +83,11 @@ def schedule_steps(egraph: eb.EGraph, schedule: RuleFile) -> list[list[tuple[str
         raise RuleFileError(f"{schedule.name}: {err}") from err
     phases = []
     for command in commands:
-        if type(command).__name__ != "UserDefined" or command.name != "run-schedule":
+        if not isinstance(command, eb.UserDefined) or command.name != "run-schedule":
             raise RuleFileError(f"{schedule.name}: holds `{command}`; it may only run schedules")
         steps: list[tuple[str, Any]] = []
         phases.append(steps)
+        item: Any
         for item in command.args:
             if getattr(item, "name", None) == "repeat":
                 count, *body = item.args

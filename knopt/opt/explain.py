@@ -80,9 +80,9 @@ def format_report(report: OptimizeReport) -> str:
     if shown:
         lines.append("recognised patterns (what replaced which original nodes):")
         for pattern in sorted(shown, key=lambda p: (p.op, p.replaced)):
-            shown = ", ".join(pattern.replaced[:6])
+            replaced = ", ".join(pattern.replaced[:6])
             more = f" and {len(pattern.replaced) - 6} more" if len(pattern.replaced) > 6 else ""
-            lines.append(f"  {pattern.op} [{_us(pattern.cost)}] replaces {shown}{more}")
+            lines.append(f"  {pattern.op} [{_us(pattern.cost)}] replaces {replaced}{more}")
     lines.append("time per phase:")
     for phase in report.phases:
         lines.append(f"  {phase['seconds'] * 1e3:8.1f} ms  {phase['name']}")

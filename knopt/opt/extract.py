@@ -26,6 +26,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from knopt.errors import OptimizeError
 from knopt.opt.serialized import EGraphData, ENode
@@ -418,7 +419,7 @@ def dag_cost(
     return sum(cost(c, choice[c]) for c in needed)
 
 
-def quiet_highs() -> object:
+def quiet_highs() -> Any:
     """A highspy `Highs` object; its banner, printed on first creation, is silenced."""
     import highspy
 

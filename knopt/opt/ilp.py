@@ -99,7 +99,11 @@ def solve_ilp(
 def _add_rows(
     solver: object, rows: list[tuple[list[int], list[float], float, float]], inf: float
 ) -> None:
-    starts, index, value, low, high = [], [], [], [], []
+    starts: list[int] = []
+    index: list[int] = []
+    value: list[float] = []
+    low: list[float] = []
+    high: list[float] = []
     for cols, coefs, lo, hi in rows:
         starts.append(len(index))
         index.extend(cols)

@@ -238,6 +238,7 @@ def program_from_graph(
         if id(node) in groups and id(node) not in last:
             continue  # computed inside its group's kernel
         key = last.get(id(node))
+        kernel: Kernel | None
         if key is not None:
             kernel = builder.fused(members[key], costs.get(key, 0.0), names.get(key, ()))
         else:

@@ -99,7 +99,7 @@ def parse_rules(egraph: eb.EGraph, rule_file: RuleFile) -> list[Any]:
     for command in commands:
         kind = type(command).__name__
         what = _FORBIDDEN.get(kind)
-        if kind == "UserDefined":
+        if isinstance(command, eb.UserDefined):
             what = command.name  # run-schedule, extract and the other experimental commands
         elif kind == "ActionCommand" and str(command).startswith("(let "):
             what = "let"  # a global term would be added to every e-graph

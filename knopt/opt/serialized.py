@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,7 +107,11 @@ class EGraphData:
         return found
 
 
-_PRIMITIVES = {"i64": int, "f64": float, "bool": lambda text: text == "true"}
+_PRIMITIVES: dict[str, Callable[[str], Any]] = {
+    "i64": int,
+    "f64": float,
+    "bool": lambda text: text == "true",
+}
 
 
 def parse_egraph(text: str, tensor_sort: str = "T", scalar_sort: str = "S") -> EGraphData:

@@ -64,7 +64,7 @@ _BINARY = {
 }
 
 
-def _unary_importer(kind: Unary):  # type: ignore[no-untyped-def]
+def _unary_importer(kind: Unary):
     def run(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         (x,) = ctx.inputs(node, count=1)
         ctx.attributes(node)
@@ -73,7 +73,7 @@ def _unary_importer(kind: Unary):  # type: ignore[no-untyped-def]
     return run
 
 
-def _binary_importer(kind: Binary):  # type: ignore[no-untyped-def]
+def _binary_importer(kind: Binary):
     def run(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         a, b = ctx.inputs(node, count=2)
         attrs = ctx.attributes(node)
@@ -124,7 +124,7 @@ def _is_inf(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     return [b.binary(Binary.AND, inf, side)]
 
 
-def _variadic(kind: Binary):  # type: ignore[no-untyped-def]
+def _variadic(kind: Binary):
     def run(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         values = ctx.inputs(node, count=(1, None))
         values = [v for v in values if v is not None]

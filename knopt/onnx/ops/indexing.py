@@ -124,7 +124,8 @@ def _nd_positions(ctx: ImportContext, data: Value, indices: Value, batch_dims: i
         batch_flat = np.ravel_multi_index(batch_index, index_shape[:batch_dims]).reshape(
             index_shape[:batch_dims] + (1,) * (len(index_shape) - 1 - batch_dims)
         )
-        position = b.add(position, b.constant(batch_flat.astype(np.int64) * per_batch))
+        offsets = np.asarray(batch_flat, dtype=np.int64) * per_batch
+        position = b.add(position, b.constant(offsets))
     return position
 
 

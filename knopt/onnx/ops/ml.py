@@ -188,7 +188,7 @@ def _tree_tables(attrs: Attributes) -> dict[str, list]:
         "true_leafs": attrs.ints("nodes_trueleafs"),
         "false_leafs": attrs.ints("nodes_falseleafs"),
         "missing": attrs.ints("nodes_missing_value_tracks_true", [0] * len(modes)),
-        "members": members,  # type: ignore[dict-item]
+        "members": members,
     }
 
 

@@ -12,7 +12,7 @@ from knopt.ir.graph import Value
 from knopt.ir.op import Binary, PoolKind, Reduction, Unary
 from knopt.ir.shape import Dim, numel
 from knopt.onnx.context import Attributes, ImportContext, OnnxValue, importer
-from knopt.onnx.ops.common import axis_of, float_dtype, matmul, scalar_like
+from knopt.onnx.ops.common import axis_of, float_dtype, matmul, scalar_like, static_dim
 from knopt.onnx.ops.tensor import pad_signed
 
 MAX_SPATIAL = 3
@@ -62,7 +62,7 @@ def window_attributes(
 def _conv(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x, w, bias = ctx.inputs(node, count=(2, 3))
     attrs = ctx.attributes(node)
-    kernel = attrs.ints("kernel_shape", [int(d) for d in w.shape[2:]])
+    kernel = attrs.ints("kernel_shape", [static_dim(ctx, d, "kernel size") for d in w.shape[2:]])
     strides, pads, dilations = window_attributes(ctx, attrs, x, kernel)
     groups = attrs.int("group", 1)
     b = ctx.builder
@@ -77,7 +77,7 @@ def _conv_transpose(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]
     x, w, bias = ctx.inputs(node, count=(2, 3))
     attrs = ctx.attributes(node)
     spatial = x.rank - 2
-    kernel = attrs.ints("kernel_shape", [int(d) for d in w.shape[2:]])
+    kernel = attrs.ints("kernel_shape", [static_dim(ctx, d, "kernel size") for d in w.shape[2:]])
     strides = attrs.ints("strides", [1] * spatial)
     dilations = attrs.ints("dilations", [1] * spatial)
     groups = attrs.int("group", 1)
@@ -366,10 +366,10 @@ def _group_norm(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     attrs.skip("stash_type")
     b = ctx.builder
     n, c = x.shape[:2]
-    flat = b.view(x, (n, groups, numel(x.shape[1:]) // groups))  # type: ignore[operator]
+    flat = b.view(x, (n, groups, numel(x.shape[1:]) // groups))
     normed = b.view(b.layer_norm(flat, axis=2, eps=eps), x.shape)
     if scale.shape[0] != c:  # opset 18: one scale and bias per group
-        per = c // groups  # type: ignore[operator]
+        per = c // groups
         scale = b.view(b.broadcast(b.view(scale, (groups, 1)), (groups, per)), (c,))
         bias = b.view(b.broadcast(b.view(bias, (groups, 1)), (groups, per)), (c,))
     rank = x.rank

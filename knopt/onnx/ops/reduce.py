@@ -33,7 +33,7 @@ def _reduction_axes(ctx: ImportContext, node: onnx.NodeProto, x: Value) -> list[
     return axes_of(ctx, axes, x.rank)
 
 
-def _reducer(combine):  # type: ignore[no-untyped-def]
+def _reducer(combine):
     def run(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         x = ctx.value(node.input[0])
         keepdims = bool(ctx.attributes(node).int("keepdims", 1))
@@ -87,7 +87,7 @@ for _name, _combine in _REDUCERS.items():
     importer(_name)(_reducer(_combine))
 
 
-def _arg(largest: bool):  # type: ignore[no-untyped-def]
+def _arg(largest: bool):
     def run(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         (x,) = ctx.inputs(node, count=1)
         attrs = ctx.attributes(node)

@@ -260,7 +260,7 @@ def _reduce_prod(
         attrs.int("noop_with_empty_axes", 0)
         axes = None if len(args) < 2 or args[1] is None else args[1].concrete().tolist()
     axis = None if not axes else tuple(axes_of(ctx, axes, x.array.ndim))
-    product = np.multiply.reduce(_objects(x), axis=axis, keepdims=keepdims, initial=1)
+    product = np.multiply.reduce(_objects(x), axis=axis, keepdims=keepdims, initial=1)  # type: ignore[call-overload]
     return [_result(np.asarray(product), x.dtype)]
 
 

@@ -235,7 +235,7 @@ def _split(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         else:
             chunk = -(-dim // count)
             sizes = [min(chunk, dim - i * chunk) for i in range(count)]
-    out = []
+    out: list[OnnxValue] = []
     start: Dim = 0
     for size in sizes:
         out.append(ctx.builder.slice(x, axis=axis, start=start, stop=start + size))
