@@ -208,36 +208,36 @@ def node_key(node: ENode) -> tuple[Any, ...]:
 
 
 def locate_terms(terms: list[Any], data: EGraphData) -> list[tuple[int, ENode]]:
-    """The class and e-node of each term (egglog command expressions), found by structure.
+    """The class and e-node of each term (`knopt.opt.terms.Term`), found by structure.
 
     Terms inlined into their readers have no handle; egglog hash-consed them, so each is the
     e-node with the same constructor and arguments.
     """
     index = {node_key(n): cls for cls, nodes in data.classes.items() for n in nodes}
+    located: dict[int, int] = {}  # id(term) -> class; the terms outlive this call
 
-    def value(expr: Any) -> Any:
-        kind = type(expr).__name__
-        if kind == "Lit":
-            return expr.value.value
-        if expr.name == "V":
-            return Ref(data.handles[expr.args[0].value.value])
-        if expr.name in ("vec-of", "vec-empty"):
-            return tuple(value(a) for a in expr.args)
-        if not expr.args:
-            return expr.name
-        return Ref(locate(expr))
+    def value(term: Any) -> Any:
+        if not hasattr(term, "name"):  # a literal
+            return term.value
+        if term.name == "V":
+            return Ref(data.handles[term.args[0].value])
+        if term.name in ("vec-of", "vec-empty"):
+            return tuple(value(a) for a in term.args)
+        if not term.args:
+            return term.name
+        return Ref(locate(term))
 
-    def locate(expr: Any) -> int:
-        # No memo by id(): the bindings hand out fresh wrapper objects on every access.
-        if expr.name == "V":
-            return int(data.handles[expr.args[0].value.value])
-        return index[node_key(enode(expr))]
+    def locate(term: Any) -> int:
+        if id(term) not in located:
+            located[id(term)] = index[node_key(enode(term))]
+        return located[id(term)]
 
-    def enode(expr: Any) -> ENode:
-        return ENode(expr.name, tuple(value(a) for a in expr.args))
+    def enode(term: Any) -> ENode:
+        return ENode(term.name, tuple(value(a) for a in term.args))
 
     found = []
     for term in terms:
         node = enode(term)
         found.append((index[node_key(node)], node))
+        located[id(term)] = found[-1][0]
     return found

@@ -43,20 +43,43 @@ def enum_constructor(member: enum.Enum) -> str:
     return ENUM_PREFIX[type(member)] + member.name
 
 
-def call(name: str, *args: Any) -> Any:
-    """An egglog call expression."""
-    return eb.Call(SPAN, name, list(args))
+@dataclass(frozen=True, eq=False)
+class Term:
+    """A term as knopt writes it: a constructor (or primitive) applied to arguments."""
+
+    name: str
+    args: tuple[Any, ...]
 
 
-def lit(value: int | float | str | bool) -> Any:
-    """An egglog literal."""
-    if isinstance(value, bool):
-        return eb.Lit(SPAN, eb.Bool(value))
-    if isinstance(value, int):
-        return eb.Lit(SPAN, eb.Int(value))
-    if isinstance(value, float):
-        return eb.Lit(SPAN, eb.Float(value))
-    return eb.Lit(SPAN, eb.String(value))
+@dataclass(frozen=True, eq=False)
+class Lit:
+    """A literal argument."""
+
+    value: int | float | str | bool
+
+
+def call(name: str, *args: Any) -> Term:
+    """A call term."""
+    return Term(name, args)
+
+
+def lit(value: int | float | str | bool) -> Lit:
+    """A literal."""
+    return Lit(value)
+
+
+def to_egglog(term: Term | Lit) -> Any:
+    """The egglog bindings' expression for a term."""
+    if isinstance(term, Lit):
+        value = term.value
+        if isinstance(value, bool):
+            return eb.Lit(SPAN, eb.Bool(value))
+        if isinstance(value, int):
+            return eb.Lit(SPAN, eb.Int(value))
+        if isinstance(value, float):
+            return eb.Lit(SPAN, eb.Float(value))
+        return eb.Lit(SPAN, eb.String(value))
+    return eb.Call(SPAN, term.name, [to_egglog(a) for a in term.args])
 
 
 @dataclass
@@ -319,7 +342,7 @@ class LoadedGraph:
     """
 
     commands: list[Any]
-    terms: list[Any]
+    terms: list[Term]
 
 
 @_encodes(ops.Attention)
@@ -347,6 +370,7 @@ def graph_commands(graph: Graph, tables: TermTables) -> LoadedGraph:
             exprs[id(value)] = term
         else:
             handle = call("V", lit(index))
-            commands.append(eb.ActionCommand(eb.Union(SPAN, handle, term)))
+            union = eb.Union(SPAN, to_egglog(handle), to_egglog(term))
+            commands.append(eb.ActionCommand(union))
             exprs[id(value)] = handle
     return LoadedGraph(commands, terms)
