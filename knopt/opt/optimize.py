@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,9 +178,10 @@ def optimize(
     start = time.perf_counter()
     device = _profile(profile)
     extra = [r if isinstance(r, RuleFile) else read_rule_file(r) for r in rules]
-    algebra = _run_phase(graph, 0, extra, device, limits, ilp)
-    first = algebra.rebuilt.graph
-    kernels = _run_phase(first, 1, extra, device, limits, ilp)
+    with _collector_paused():
+        algebra = _run_phase(graph, 0, extra, device, limits, ilp)
+        first = algebra.rebuilt.graph
+        kernels = _run_phase(first, 1, extra, device, limits, ilp)
     optimized = kernels.rebuilt.graph
     # Original node names: through phase 1's classes to its graph, then through phase 2's.
     origin = _origins(graph, algebra)
@@ -223,6 +226,23 @@ def optimize(
     report.seconds = time.perf_counter() - start
     kinds = {key: _kernel_kind(choice[key]) for key in set(rebuilt.kernel_of.values())}
     return OptimizeResult(optimized, program, report, dict(rebuilt.kernel_of), kinds)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector (restoring its state after).
+
+    Saturation and extraction allocate millions of small objects that form no cycles (the
+    serialized e-graph, its tables); the collector would rescan all of them again and again,
+    which grows faster than the graph (measured: 19.8 s -> 16.9 s at 16k nodes).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _origins(graph: Graph, phase: _Phase) -> dict[int, list[str]]:
