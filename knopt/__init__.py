@@ -32,6 +32,7 @@ from knopt.session import Session
 if TYPE_CHECKING:
     from onnx import ModelProto
 
+    from knopt.opt.cost import DeviceProfile
     from knopt.opt.optimize import OptimizeResult
 
 __version__ = "0.1.0"
@@ -91,6 +92,7 @@ def compile(
     *,
     precision: str = "f32",
     optimize: bool | None = None,
+    profile: str | os.PathLike[str] | DeviceProfile | None = None,
 ) -> Session:
     """Prepare a model to run on a device.
 
@@ -101,12 +103,14 @@ def compile(
         optimize: Run the optimizer first (for each set of input sizes, once). The default is
             True on cuda, where fused kernels are the point, and False on cpu, whose executor
             is the reference that optimized programs are checked against.
+        profile: The cost model for optimizing: "cpu", "h200", "h200-graph", a file written
+            by `knopt calibrate`, or a `DeviceProfile` (default: the device's built-in one).
 
     Raises:
         KnoptError: If loading fails or the device is not available.
     """
     graph = model if isinstance(model, Graph) else load(model)
-    return Session(graph, device, precision=precision, optimize=optimize)
+    return Session(graph, device, precision=precision, optimize=optimize, profile=profile)
 
 
 __all__ = [

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -11,6 +12,9 @@ from knopt.cpu.executor import run_graph
 from knopt.errors import InputError, KnoptError
 from knopt.ir.bind import bind_symbols, infer_sizes
 from knopt.ir.graph import Graph
+
+if TYPE_CHECKING:
+    from knopt.opt.cost import DeviceProfile
 
 DEVICES = ("cpu", "cuda", "best")
 
@@ -30,6 +34,9 @@ class Session:
     Args:
         device: "cpu", "cuda", or "best" (cuda when a GPU is usable, else cpu).
         precision: On cuda: "f32" (strict), "tf32", "fp16" or "bf16".
+        optimize: Optimize each bound graph first (default: on cuda only).
+        profile: The cost model for optimizing: a built-in name, a `knopt calibrate` file or
+            a `DeviceProfile` (default: "h200-graph" on cuda, "cpu" on cpu).
 
     Raises:
         KnoptError: If the device or precision is unknown, or "cuda" has no usable GPU.
@@ -42,6 +49,7 @@ class Session:
         *,
         precision: str = "f32",
         optimize: bool | None = None,
+        profile: str | os.PathLike[str] | DeviceProfile | None = None,
     ) -> None:
         if device not in DEVICES:
             raise KnoptError(f"device '{device}' is unknown (use {', '.join(DEVICES)})")
@@ -69,6 +77,13 @@ class Session:
         self._symbolic = bool(graph.symbols())
         self.optimize = device == "cuda" if optimize is None else optimize
         self._optimized: dict[int, Any] = {}
+        self.profile: str | os.PathLike[str] | DeviceProfile = profile or (
+            "h200-graph" if device == "cuda" else "cpu"
+        )
+        if self.optimize:
+            from knopt.opt.cost import find_profile
+
+            self.profile = find_profile(self.profile)  # a bad name or file fails here, not later
 
     @property
     def input_names(self) -> list[str]:
@@ -131,9 +146,8 @@ class Session:
         if id(graph) not in self._optimized:
             from knopt.opt.optimize import optimize
 
-            profile = "h200-graph" if self._cuda is not None else "cpu"
             # Keep `graph` alive with its result, so its id is never reused.
-            self._optimized[id(graph)] = (graph, optimize(graph, profile=profile))
+            self._optimized[id(graph)] = (graph, optimize(graph, profile=self.profile))
         return self._optimized[id(graph)][1]
 
     def _graph_for(self, shapes: Mapping[str, Sequence[int]]) -> Graph:

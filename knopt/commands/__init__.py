@@ -2,8 +2,8 @@
 
 from types import ModuleType
 
-from knopt.commands import demo, info, optimize, run
+from knopt.commands import calibrate, demo, info, optimize, run
 
-COMMANDS: list[ModuleType] = [demo, optimize, info, run]
+COMMANDS: list[ModuleType] = [demo, optimize, info, run, calibrate]
 
 __all__ = ["COMMANDS"]

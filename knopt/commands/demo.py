@@ -24,7 +24,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "demo", help="optimize the small model knopt ships with and check the result"
     )
     parser.add_argument(
-        "--device-profile", default="h200", help="cost model guiding extraction (default: h200)"
+        "--device-profile",
+        default="h200",
+        metavar="NAME|FILE",
+        help="cost model guiding extraction: a built-in name or a `knopt calibrate` file "
+        "(default: h200)",
     )
     parser.set_defaults(run=run)
 

@@ -36,9 +36,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--report-json", type=Path, help="write the report as JSON here")
     parser.add_argument(
         "--device-profile",
-        choices=sorted(PROFILES),
         default="cpu",
-        help="the cost model that guides extraction (default: cpu)",
+        metavar="NAME|FILE",
+        help=f"the cost model that guides extraction: {', '.join(sorted(PROFILES))} or a file "
+        "from `knopt calibrate` (default: cpu)",
     )
     parser.add_argument(
         "--dims",

@@ -8,10 +8,15 @@ and so are inputs, constants and classes folded while compiling. Costs are in se
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+from knopt.errors import KnoptError
 from knopt.ir.dtype import DType
 from knopt.opt.serialized import EGraphData, ENode, SRef
 
@@ -42,6 +47,80 @@ class DeviceProfile:
         if dtype.is_float:
             return self.peak["f32"]
         return self.peak["int"]
+
+    def to_json(self) -> dict[str, Any]:
+        """The profile as a JSON object (what `knopt calibrate` writes)."""
+        return {
+            "name": self.name,
+            "bandwidth": self.bandwidth,
+            "peak": dict(self.peak),
+            "launch": self.launch,
+            "symbol_size": self.symbol_size,
+            "per_op_launch": self.per_op_launch,
+        }
+
+
+_PEAK_KINDS = ("f32", "f16", "f64", "int")
+
+
+def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
+    """Read a profile file written by `knopt calibrate`.
+
+    Raises:
+        KnoptError: If the file is missing, not JSON, or lacks a field or has a bad value.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as err:
+        raise KnoptError(f"device profile {path}: cannot read it ({err.strerror})") from err
+    except json.JSONDecodeError as err:
+        raise KnoptError(f"device profile {path}: not JSON ({err})") from err
+    where = f"device profile {path}"
+    if not isinstance(data, dict):
+        raise KnoptError(f"{where}: expected a JSON object; write one with `knopt calibrate`")
+    peak = data.get("peak")
+    if not isinstance(peak, dict) or set(peak) != set(_PEAK_KINDS):
+        raise KnoptError(f"{where}: 'peak' must give FLOP/s for each of {', '.join(_PEAK_KINDS)}")
+    rates = {"bandwidth": data.get("bandwidth"), "launch": data.get("launch")}
+    rates.update({f"peak.{k}": v for k, v in peak.items()})
+    for key, value in rates.items():
+        if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+            raise KnoptError(f"{where}: '{key}' must be a positive number, not {value!r}")
+        if not math.isfinite(value):
+            raise KnoptError(f"{where}: '{key}' must be finite, not {value!r}")
+    name = data.get("name", path.stem)
+    symbol_size = data.get("symbol_size", 8)
+    if not isinstance(name, str) or not name:
+        raise KnoptError(f"{where}: 'name' must be a non-empty string")
+    if not isinstance(symbol_size, int) or isinstance(symbol_size, bool) or symbol_size < 1:
+        raise KnoptError(f"{where}: 'symbol_size' must be a positive integer")
+    return DeviceProfile(
+        name,
+        bandwidth=float(data["bandwidth"]),
+        peak={k: float(peak[k]) for k in _PEAK_KINDS},
+        launch=float(data["launch"]),
+        symbol_size=symbol_size,
+        per_op_launch=bool(data.get("per_op_launch", False)),
+    )
+
+
+def find_profile(profile: str | os.PathLike[str] | DeviceProfile) -> DeviceProfile:
+    """A profile by name ("cpu", "h200", "h200-graph"), from a calibrated file, or as given.
+
+    Raises:
+        KnoptError: If the name is unknown and no such file exists, or the file is bad.
+    """
+    if isinstance(profile, DeviceProfile):
+        return profile
+    if isinstance(profile, str) and profile in PROFILES:
+        return PROFILES[profile]
+    if not isinstance(profile, str) or profile.endswith(".json") or Path(profile).exists():
+        return load_profile(profile)
+    raise KnoptError(
+        f"unknown device profile '{profile}': use one of {', '.join(PROFILES)} or a file "
+        "written by `knopt calibrate`"
+    )
 
 
 # Estimates for a 2-core development machine running numpy with OpenBLAS: each numpy op costs

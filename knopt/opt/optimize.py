@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -10,10 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from knopt.errors import KnoptError
 from knopt.ir.graph import Graph
 from knopt.ir.validate import validate
-from knopt.opt.cost import PROFILES, CostModel, DeviceProfile
+from knopt.opt.cost import CostModel, DeviceProfile, find_profile
 from knopt.opt.egraph import DEFAULT_LIMITS, Limits, Phase, Saturation, saturate
 from knopt.opt.explain import attribute
 from knopt.opt.extract import Extraction, extract
@@ -108,14 +108,6 @@ class OptimizeResult:
         return save_kernels(self.graph, self.groups, self.group_kinds, path, opset=opset)
 
 
-def _profile(profile: str | DeviceProfile) -> DeviceProfile:
-    if isinstance(profile, DeviceProfile):
-        return profile
-    if profile not in PROFILES:
-        raise KnoptError(f"unknown device profile '{profile}' (known: {', '.join(PROFILES)})")
-    return PROFILES[profile]
-
-
 @dataclass
 class _Phase:
     """One schedule phase run and extracted."""
@@ -155,7 +147,7 @@ def optimize(
     graph: Graph,
     *,
     rules: Sequence[str | Path | RuleFile] = (),
-    profile: str | DeviceProfile = "cpu",
+    profile: str | os.PathLike[str] | DeviceProfile = "cpu",
     limits: Limits = DEFAULT_LIMITS,
     ilp: bool = True,
 ) -> OptimizeResult:
@@ -167,7 +159,8 @@ def optimize(
     Args:
         graph: The graph to optimize (it is not changed).
         rules: Extra rule files, run with the shipped ones (their rules go in `algebra`).
-        profile: The device whose costs guide extraction ("cpu", "h200", "h200-graph").
+        profile: The device whose costs guide extraction: "cpu", "h200", "h200-graph", a
+            profile file written by `knopt calibrate`, or a `DeviceProfile`.
         limits: Saturation bounds per phase; hitting one keeps the best e-graph so far.
         ilp: Whether to refine extraction with an ILP when the e-graph is small enough.
 
@@ -176,7 +169,7 @@ def optimize(
         OptimizeError: If the rules or extraction produce something unusable.
     """
     start = time.perf_counter()
-    device = _profile(profile)
+    device = find_profile(profile)
     extra = [r if isinstance(r, RuleFile) else read_rule_file(r) for r in rules]
     with _collector_paused():
         algebra = _run_phase(graph, 0, extra, device, limits, ilp)
