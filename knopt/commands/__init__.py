@@ -2,8 +2,8 @@
 
 from types import ModuleType
 
-from knopt.commands import calibrate, demo, info, optimize, run
+from knopt.commands import calibrate, check_rules, demo, info, optimize, run
 
-COMMANDS: list[ModuleType] = [demo, optimize, info, run, calibrate]
+COMMANDS: list[ModuleType] = [demo, optimize, info, run, calibrate, check_rules]
 
 __all__ = ["COMMANDS"]

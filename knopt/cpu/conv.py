@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -81,7 +82,10 @@ def pool(op: Pool, x: Array) -> Array:
     widths = ((0, 0), (0, 0), *((b, a + e) for (b, a), e in zip(op.pads, extra, strict=True)))
     window = (op.kernel, op.strides, op.dilations, tuple(out_spatial))
     if op.kind is PoolKind.MAX:
-        low = -np.inf if np.issubdtype(x.dtype, np.floating) else np.iinfo(x.dtype).min
+        if np.issubdtype(x.dtype, np.floating):
+            low: Any = -np.inf
+        else:
+            low = False if x.dtype == np.bool_ else np.iinfo(x.dtype).min
         return _over_windows(np.maximum, _padded(x, widths, low), *window)
     # Sum in at least f32, then divide by what each window covers: real elements, plus the
     # explicit padding if it counts (the ceil-mode extra never does).

@@ -108,8 +108,8 @@ def _binary(op: ops.BinaryOp, a: Array, b: Array) -> Array:
 def _clamp(op: ops.Clamp, x: Array) -> Array:
     if np.issubdtype(x.dtype, np.integer):
         info = np.iinfo(x.dtype)
-        lo = max(op.lo, info.min)
-        hi = min(op.hi, info.max)
+        lo = min(max(op.lo, info.min), info.max)  # an infinite bound on either side
+        hi = min(max(op.hi, info.min), info.max)  # stays within the integer range
         return np.clip(x, int(np.ceil(lo)), int(np.floor(hi))).astype(x.dtype)
     return np.minimum(np.maximum(x, x.dtype.type(op.lo)), x.dtype.type(op.hi))
 

@@ -134,8 +134,20 @@ def load_rules(egraph: eb.EGraph, files: Sequence[RuleFile]) -> None:
     Raises:
         RuleFileError: If a file fails to parse or type-check, naming it and the place.
     """
+    defined: dict[str, str] = {}  # rule name -> file; egglog panics on a second definition
     for rule_file in files:
         commands = parse_rules(egraph, rule_file)
+        for command in commands:
+            body = getattr(command, "rule", None) or getattr(command, "rewrite", None)
+            if body is None:
+                continue
+            name = body.name or str(command)  # egglog names an unnamed rule by its text
+            if name in defined:
+                raise RuleFileError(
+                    f"{rule_file.name}: rule {name!r} is already defined in {defined[name]}; "
+                    "give it another :name (shipped rule files load without being passed)"
+                )
+            defined[name] = rule_file.name
         try:
             egraph.run_program(*commands)
         except eb.EggSmolError as err:

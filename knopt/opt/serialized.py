@@ -196,7 +196,8 @@ def _unquote(text: str) -> str:
 
 def _key(value: Any) -> Any:
     if isinstance(value, float):
-        return ("f64", value.hex())  # NaN-safe and exact
+        # NaN-safe and exact; egglog's f64 hash-conses -0.0 with 0.0, so the key does too.
+        return ("f64", (value + 0.0).hex())
     if isinstance(value, tuple):
         return tuple(_key(v) for v in value)
     return value

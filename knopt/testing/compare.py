@@ -68,7 +68,8 @@ def compare_arrays(actual: np.ndarray, expected: np.ndarray) -> Comparison:
     finite = np.abs(e[~special])
     scale = max(1.0, float(finite.max())) if finite.size else 1.0
     rtol, atol = tol
-    diff = np.where(special, 0.0, np.abs(a - e))
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf where both are special
+        diff = np.where(special, 0.0, np.abs(a - e))
     error = float(diff.max()) if diff.size else 0.0
     bad = diff > atol * scale + rtol * np.abs(np.where(special, 0.0, e))
     if np.any(bad):

@@ -58,12 +58,13 @@ def test_optimize_uses_the_calibrated_profile(measured: Calibration, tmp_path: P
     assert result.report.profile == "here"
     feeds = MLP.feeds()
     assert_same(knopt.compile(result.graph).run(None, feeds), knopt.compile(graph).run(None, feeds))
-    # The estimate is in the profile's units: a device with a thousandth of the bandwidth and
-    # arithmetic takes longer for the same program.
+    # The estimate is in the profile's units: a device a thousand times slower in bandwidth,
+    # arithmetic and launch takes a thousand times longer for the same program.
     slow = dataclasses.replace(
         measured.profile,
         bandwidth=measured.profile.bandwidth / 1000,
         peak={k: v / 1000 for k, v in measured.profile.peak.items()},
+        launch=measured.profile.launch * 1000,
     )
     assert knopt.optimize(graph, profile=slow, ilp=False).report.cost_after > (
         100 * result.report.cost_after

@@ -1,0 +1,324 @@
+"""What each fact of the shipped rule files claims, checked on the CPU executor.
+
+A fact rule adds rows to a function or relation. Its oracle here says whether one row is
+true of the instance: `shape` and `dtype` must be what `Op.infer` gives, `folds` must not
+depend on the inputs, `full x b` must have the body `b` compute `x`, `numel-from` must be the
+product it names, and so on. A relation without an oracle leaves its rules unchecked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from knopt.cpu.elementwise import NUMPY_UNARY
+from knopt.cpu.kernels import KERNELS
+from knopt.ir import op as ops
+from knopt.ir.graph import Graph
+from knopt.ir.op import Input, Iota, Reduction, Sizes, TensorType, Unary
+from knopt.ir.shape import is_static
+from knopt.opt.rebuild import KERNEL_OPS
+from knopt.opt.serialized import SRef
+from knopt.opt.terms import TermTables
+from knopt.testing.compare import compare_arrays
+from knopt.testing.facts import Fact
+from knopt.testing.values import ClassValues, Uncomputable
+
+ELEMENTWISE = frozenset({"UnaryOp", "BinaryOp", "Clamp", "Cast", "Where"})
+LINEAR_BODY = frozenset({"SAcc", "SConst", "SLoad", "SBinary"})
+
+
+@dataclass
+class FactContext:
+    """What oracles look at: class values on two input sets, and the IR types of classes."""
+
+    values: ClassValues
+    other: ClassValues  # the same classes on other random inputs
+    tables: TermTables
+    types: dict[int, TensorType]  # classes of original IR nodes
+    varying: set[int]  # classes of original IR nodes that read a graph input
+
+
+def context(values: ClassValues, other: ClassValues, graph: Graph, ir_nodes: Any) -> FactContext:
+    """The context for one e-graph, from the batch graph and where its nodes landed."""
+    types: dict[int, TensorType] = {}
+    varying: set[int] = set()
+    reads: set[int] = set()
+    for node, (cls, _) in zip(graph.nodes, ir_nodes, strict=True):
+        types.setdefault(cls, node.output.type)
+        symbolic = isinstance(node.op, Iota | Sizes) and not is_static(node.output.shape) or (
+            isinstance(node.op, Sizes) and not is_static(node.op.dims))
+        if isinstance(node.op, Input) or symbolic or any(id(v) in reads for v in node.inputs):
+            reads.add(id(node.output))
+            varying.add(cls)
+    return FactContext(values, other, values.tables, types, varying)
+
+
+def _type(ctx: FactContext, cls: int) -> TensorType:
+    if cls not in ctx.types:
+        raise Uncomputable(f"e-class {cls} is no original node")
+    return ctx.types[cls]
+
+
+def _close(actual: Any, expected: Any, what: str) -> str | None:
+    expected = np.asarray(expected)
+    actual = np.broadcast_to(np.asarray(actual).astype(expected.dtype), expected.shape)
+    result = compare_arrays(np.array(actual, order="C"), expected)
+    return None if result.ok else f"{what}: {result.message}"
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool(np.all((a == b) | ((a != a) & (b != b))))
+
+
+# ---- one oracle per function or relation ------------------------------------------------------
+
+
+def _shape(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    actual = tuple(ctx.tables.dim(d) for d in _type(ctx, args[0].id).shape)
+    return None if tuple(value) == actual else f"shape {value} but the node has {actual}"
+
+
+def _dtype(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    actual = _type(ctx, args[0].id).dtype.name
+    return None if value == actual else f"dtype {value} but the node has {actual}"
+
+
+def _constant(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    cls = args[0].id
+    if _same(ctx.values.value(cls), ctx.other.value(cls)):
+        return None
+    return f"e-class {cls} is said to be constant but changes with the inputs"
+
+
+def _static(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    shape = _type(ctx, args[0].id).shape
+    return None if all(isinstance(d, int) for d in shape) else f"shape {shape} is symbolic"
+
+
+def _small(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    shape = _type(ctx, args[0].id).shape
+    if not is_static(shape):
+        return f"shape {shape} is symbolic, so not known to be small"
+    count = math.prod(int(d) for d in shape)
+    return None if count <= 1 << 20 else f"{count} elements is not small"
+
+
+def _varies(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    cls = args[0].id
+    _type(ctx, cls)
+    return None if cls in ctx.varying else f"e-class {cls} reads no input"
+
+
+def _product(shape: tuple[int, ...], start: int) -> int:
+    rest = shape[start:]
+    return -1 if any(d < 0 for d in rest) else math.prod(rest)
+
+
+def _numel_from(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    shape, start = args
+    expected = _product(shape, start)
+    return None if value == expected else f"numel-from {shape} {start} = {value}, not {expected}"
+
+
+def _numel(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    expected = _product(args[0], 0)
+    return None if value == expected else f"numel {args[0]} = {value}, not {expected}"
+
+
+def _ones_below(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    shape, i = args
+    return None if 0 <= i <= len(shape) and all(d == 1 for d in shape[:i]) else "not all 1"
+
+
+def _ones_above(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    shape, i = args
+    return None if 0 <= i <= len(shape) and all(d == 1 for d in shape[i:]) else "not all 1"
+
+
+def _identity_below(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    perm, i = args
+    ok = 0 <= i <= len(perm) and all(perm[j] == j for j in range(i))
+    return None if ok else f"{perm} is not the identity below {i}"
+
+
+def _composed(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    p, q, i = args
+    expected = tuple(p[q[j]] for j in range(i))
+    return None if tuple(value) == expected else f"composed {p} {q} {i} = {value}"
+
+
+def _swap(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    (rank,) = args
+    expected = (*range(rank - 2), rank - 1, rank - 2)
+    return None if tuple(value) == expected else f"swap-last-two {rank} = {value}"
+
+
+def _concat_folds(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    _, parts, start = args
+    for part in parts[start:]:
+        message = _constant(ctx, (part,), None)
+        if message is not None:
+            return message
+    return None
+
+
+def _concat_part(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    _, parts, i = args
+    return None if 0 <= i < len(parts) else f"part {i} of {len(parts)}"
+
+
+def _min_sizes(ctx: FactContext) -> dict[int, int]:
+    """The fewest scalar ops any spelling of each scalar class takes (a fixpoint)."""
+    scalars = ctx.values.data.scalars
+    size = {sid: 1 << 30 for sid in scalars}
+    for _ in range(len(scalars) + 1):
+        changed = False
+        for sid, nodes in scalars.items():
+            for node in nodes:
+                kids = [a.id for a in node.args if isinstance(a, SRef)]
+                own = 0 if node.op in ("SLoad", "SConst", "SAcc") else 1
+                total = own + sum(size.get(k, 1 << 30) for k in kids)
+                if total < size[sid]:
+                    size[sid], changed = total, True
+        if not changed:
+            break
+    return size
+
+
+def _body_size(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    fewest = _min_sizes(ctx).get(args[0].id, 0)
+    return None if value >= fewest else f"body-size {value} < {fewest} ops"
+
+
+def _leaf(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    cls = args[0].id
+    data = ctx.values.data
+    nodes = data.classes.get(cls, [])
+    if cls in data.folds or any(n.op not in ELEMENTWISE | KERNEL_OPS for n in nodes):
+        return None
+    return f"e-class {cls} holds only elementwise ops"
+
+
+def _body_computes(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    tensor, body = args
+    return _close(ctx.values.body(body.id), ctx.values.value(tensor.id), "the body")
+
+
+def _epilogue_of(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    y, ep = args
+    nodes = ctx.values.data.classes.get(y.id, [])
+    return None if any(n.op in KERNEL_OPS and n.args[-1] == ep for n in nodes) else "no kernel"
+
+
+def _accumulator(ctx: FactContext, node: Any) -> np.ndarray:
+    """The main result of a reduce, softmax or norm kernel, before its epilogue."""
+    a = node.args
+    prologue = a[1] if node.op == "KReduce" else a[0]
+    x = ctx.values.body(prologue.id)
+    main: ops.Op
+    if node.op == "KReduce":
+        main = ops.Reduce(Reduction[a[0].removeprefix("REDUCE_")], tuple(a[2]))
+    elif node.op == "KSoftmax":
+        main = ops.Softmax(a[1])
+    elif node.op == "KLayerNorm":
+        main = ops.LayerNorm(a[1], a[2])
+    else:
+        main = ops.RmsNorm(a[1], a[2])
+    return np.asarray(KERNELS[type(main)](main, x))
+
+
+def _extends(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    e, y, ep, ep2 = args
+    kernels = [
+        n
+        for n in ctx.values.data.classes.get(y.id, [])
+        if n.op in ("KReduce", "KSoftmax", "KLayerNorm", "KRmsNorm") and n.args[-1] == ep
+    ]
+    if not kernels:
+        raise Uncomputable(f"e-class {y.id} has no kernel with that epilogue")
+    acc = _accumulator(ctx, kernels[0])
+    return _close(ctx.values.body(ep2.id, acc=acc), ctx.values.value(e.id), "the epilogue")
+
+
+def _linear(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    stack, seen = [args[0].id], set()
+    while stack:
+        sid = stack.pop()
+        if sid in seen:
+            continue
+        seen.add(sid)
+        node = ctx.values.data.body(sid)
+        if node.op not in LINEAR_BODY or (
+            node.op == "SBinary" and node.args[0] not in ("ADD", "MUL")
+        ):
+            return f"the epilogue has a {node.op} {node.args[0] if node.args else ''}"
+        stack.extend(a.id for a in node.args if isinstance(a, SRef))
+    return None
+
+
+def _gelu_core(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    t, x, kind = args
+    xv = ctx.values.value(x.id)
+    expected = NUMPY_UNARY[Unary[kind]](xv)
+    return _close(xv * ctx.values.value(t.id) * xv.dtype.type(0.5), expected, "x * t / 2")
+
+
+def _cube_of(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    e, x = args
+    xv = ctx.values.value(x.id)
+    return _close(ctx.values.value(e.id), xv * xv * xv, "the cube")
+
+
+def _mean_of(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    m, x, axis = args
+    expected = np.mean(ctx.values.value(x.id), axis=axis, keepdims=True)
+    return _close(ctx.values.value(m.id), expected, "the mean")
+
+
+Oracle = Callable[[FactContext, tuple[Any, ...], Any], "str | None"]
+ORACLES: dict[str, Oracle] = {
+    "shape": _shape,
+    "dtype": _dtype,
+    "folds": _constant,
+    "coef": _constant,
+    "static": _static,
+    "small": _small,
+    "varies": _varies,
+    "numel-from": _numel_from,
+    "numel": _numel,
+    "ones-below": _ones_below,
+    "ones-above": _ones_above,
+    "identity-below": _identity_below,
+    "composed": _composed,
+    "swap-last-two": _swap,
+    "concat-folds-from": _concat_folds,
+    "concat-part": _concat_part,
+    "body-size": _body_size,
+    "leaf": _leaf,
+    "full": _body_computes,
+    "operand": _body_computes,
+    "epilogue-of": _epilogue_of,
+    "extends": _extends,
+    "gemm-linear": _linear,
+    "conv-linear": _linear,
+    "gelu-core": _gelu_core,
+    "cube-of": _cube_of,
+    "mean-of": _mean_of,
+}
+
+
+def check_fact(ctx: FactContext, fact: Fact) -> str | None:
+    """None if the fact is true of the instance, else what is wrong.
+
+    Raises:
+        Uncomputable: If the fact has no oracle or cannot be evaluated here.
+    """
+    name, args, value = fact
+    if name not in ORACLES:
+        raise Uncomputable(f"no oracle for `{name}`")
+    return ORACLES[name](ctx, args, value)
