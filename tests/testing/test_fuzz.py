@@ -23,7 +23,7 @@ from knopt.opt.egraph import Limits, saturate
 from knopt.testing import Case, compare_outputs, graph_and_inputs
 from knopt.testing.arrays import describe_inputs
 
-EXAMPLES = int(os.environ.get("KNOPT_FUZZ_EXAMPLES", "200"))
+EXAMPLES = int(os.environ.get("KNOPT_FUZZ_EXAMPLES", "300"))
 # Below the default node limit: a step can grow the e-graph tenfold before the bridge checks
 # it again, and some affine chains do (see test_cancelling_biases_stay_small, #6).
 LIMITS = Limits(seconds=20, nodes=50_000)
