@@ -29,8 +29,11 @@ LIMITS = Limits(seconds=20, nodes=50_000)  # as on the CPU (tests/testing/test_f
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                           HealthCheck.function_scoped_fixture],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
 )
 @given(case=graph_and_inputs())
 def test_optimized_programs_on_the_gpu_agree_with_the_cpu(case: Case) -> None:
