@@ -317,7 +317,7 @@ def _device_address(
     from cuda.core.utils import StridedMemoryView
 
     try:
-        view = StridedMemoryView(value, stream_ptr=stream)
+        view = StridedMemoryView.from_any_interface(value, stream_ptr=stream)
     except Exception as err:  # BufferError, or the producer's own error
         raise InputError(f"input '{name}': cannot view it as a GPU array ({err})") from err
     if not view.is_device_accessible:
