@@ -31,8 +31,6 @@ from knopt.ir.op import (
 )
 from tests.oracle import random_array
 
-pytest.importorskip("onnxruntime")
-
 F32 = DType.F32
 
 

@@ -30,8 +30,6 @@ from knopt.onnx.export_ops import EXPORTERS
 from tests.models import Fixture, fixtures
 from tests.oracle import assert_same, random_array, run_knopt, run_onnxruntime
 
-pytest.importorskip("onnxruntime")
-
 F32 = DType.F32
 
 
@@ -45,13 +43,6 @@ def test_exporters_cover_every_elementwise_kind() -> None:
 
 
 # ---- real models ---------------------------------------------------------------------------
-
-
-def _load_or_skip(fixture: Fixture) -> Graph:
-    try:
-        return knopt.load(fixture.path)
-    except UnsupportedModelError as err:
-        pytest.skip(f"knopt cannot import this model yet (issue 2): {err}")
 
 
 def _resized_feeds(fixture: Fixture) -> dict[str, np.ndarray] | None:
@@ -69,7 +60,7 @@ def _resized_feeds(fixture: Fixture) -> dict[str, np.ndarray] | None:
 
 @pytest.mark.parametrize("fixture", fixtures(), ids=lambda f: f.file)
 def test_fixture_round_trips_through_onnxruntime(fixture: Fixture) -> None:
-    exported = save_onnx(_load_or_skip(fixture))
+    exported = save_onnx(knopt.load(fixture.path))
     original = onnx.load(fixture.path)
     feeds = fixture.feeds()
     assert_same(run_onnxruntime(exported, feeds), run_onnxruntime(original, feeds))

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 import knopt
 from tests.models import Fixture, fixtures
-
-ort = pytest.importorskip("onnxruntime")
 
 
 @pytest.mark.parametrize("fixture", fixtures(), ids=lambda f: f.file)

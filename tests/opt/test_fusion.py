@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 import knopt
@@ -13,8 +14,6 @@ from knopt.ir import DType, GraphBuilder, Unary
 from knopt.opt.cost import H200, DeviceProfile
 from knopt.opt.program import format_expr, format_program
 from tests.models import Fixture, fixtures
-
-ort = pytest.importorskip("onnxruntime")
 
 
 def _chain(rng: np.random.Generator) -> knopt.Graph:
