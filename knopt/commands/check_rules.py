@@ -21,17 +21,37 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "FILE.egg arguments, only the rules of those files are checked (after the shipped "
         "rules load). Exit status 1 if a rule is unsound (or, with --strict, unchecked).",
     )
-    parser.add_argument("files", type=Path, nargs="*", metavar="FILE.egg",
-                        help="rule files to check (default: every shipped rule)")
-    parser.add_argument("--instances", type=int, default=16, metavar="N",
-                        help="instances drawn per rule (default: %(default)s)")
-    parser.add_argument("--rule", action="append", default=[], metavar="NAME",
-                        help="check only this rule (repeatable)")
+    parser.add_argument(
+        "files",
+        type=Path,
+        nargs="*",
+        metavar="FILE.egg",
+        help="rule files to check (default: every shipped rule)",
+    )
+    parser.add_argument(
+        "--instances",
+        type=int,
+        default=16,
+        metavar="N",
+        help="instances drawn per rule (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rule",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="check only this rule (repeatable)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of every random choice")
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                        help="worker processes (default: %(default)s)")
-    parser.add_argument("--strict", action="store_true",
-                        help="fail (exit 1) when a rule could not be checked, too")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="worker processes (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--strict", action="store_true", help="fail (exit 1) when a rule could not be checked, too"
+    )
     parser.add_argument("--quiet", action="store_true", help="print only what is not sound")
     parser.set_defaults(run=run)
 
@@ -59,8 +79,7 @@ def run(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         progress=progress,
     )
-    verdicts = {v: [r.name for r in reports if r.verdict == v] for v in (SOUND, UNSOUND,
-                                                                           UNCHECKED)}
+    verdicts = {v: [r.name for r in reports if r.verdict == v] for v in (SOUND, UNSOUND, UNCHECKED)}
     summary = (
         f"{len(reports)} rules in {time.perf_counter() - began:.0f} s: {len(verdicts[SOUND])} "
         f"sound, {len(verdicts[UNSOUND])} UNSOUND, {len(verdicts[UNCHECKED])} unchecked"

@@ -110,6 +110,13 @@ def is_static(shape: Iterable[Dim]) -> bool:
     return all(isinstance(d, int) for d in shape)
 
 
+def static_dims(shape: Iterable[Dim]) -> tuple[int, ...] | None:
+    """The dimensions of `shape` as integers, or None if one is symbolic (see `is_static`)."""
+    dims = tuple(shape)
+    ints = tuple(d for d in dims if isinstance(d, int))
+    return ints if len(ints) == len(dims) else None
+
+
 def symbols_of(shape: Iterable[Dim]) -> frozenset[str]:
     """All symbol names used by the dimensions of `shape`."""
     return frozenset().union(*(d.symbols() for d in shape if isinstance(d, Sym)))

@@ -7,13 +7,14 @@ a small range without zero, and bools at random.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from knopt.errors import InputError
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph
+from knopt.ir.shape import static_dims
 
 
 def random_array(
@@ -48,13 +49,14 @@ def random_inputs(graph: Graph, rng: np.random.Generator) -> dict[str, np.ndarra
     """
     feeds = {}
     for name, value in zip(graph.input_names, graph.inputs, strict=True):
-        if not all(isinstance(d, int) for d in value.shape):
+        shape = static_dims(value.shape)
+        if shape is None:
             raise InputError(f"input '{name}' has symbolic sizes {value.shape}; bind them first")
-        feeds[name] = random_array(rng, [int(d) for d in value.shape], value.dtype)
+        feeds[name] = random_array(rng, shape, value.dtype)
     return feeds
 
 
-def describe_inputs(feeds: dict[str, np.ndarray]) -> str:
+def describe_inputs(feeds: Mapping[str, np.ndarray]) -> str:
     """One line per input: name, dtype, shape and value range."""
     lines = []
     for name, array in feeds.items():

@@ -3,9 +3,9 @@
 The checked rule is taken out of its ruleset and re-declared in ruleset `knopt-check` with
 every `union` replaced by a `knopt-check-pair` fact and every fact it sets written to a shadow
 table (`knopt-shadow-shape`...): nothing is merged, so both sides of each application stay
-apart in the e-graph and can be extracted and compared, and each fact it derives is known. The rules it needs
-to fire (found by `pattern.unfold`) are copied into `knopt-deps` and run first; the saturated
-analyses (`analysis`, `fold` and, for fusion rules, `fusion-facts`) run as usual.
+apart in the e-graph and can be extracted and compared, and each fact it derives is known. The
+rules it needs to fire (found by `pattern.unfold`) are copied into `knopt-deps` and run first;
+the saturated analyses (`analysis`, `fold` and, for fusion rules, `fusion-facts`) run as usual.
 """
 
 from __future__ import annotations
@@ -62,8 +62,10 @@ def _sort_of(book: Rulebook, sorts: dict[str, str], expr: Expr) -> str:
 
 
 def _checked_actions(book: Rulebook, rule: Rule) -> tuple[list[Expr], list[str]]:
-    """The rule's actions recording instead of changing: unions become pair facts, and the
-    facts it sets go to shadow tables. Returns the actions and the shadowed names."""
+    """The rule's actions, recording instead of changing, and the names of the shadowed facts.
+
+    Unions become pair facts, and the facts it sets go to shadow tables.
+    """
     pattern = flatten(book, list(rule.query), set())
     sorts = pattern.sorts if pattern is not None else {}
     actions: list[Expr] = []

@@ -2,8 +2,9 @@
 
 Generators in `knopt.testing` make every decision through a `Choices`, so the same code draws
 graphs for hypothesis (`knopt.testing.strategies.DrawnChoices`: failures shrink to small graphs)
-and rebuilds one from an integer seed (`SeededChoices`: a failure reproduces from its seed). Options are listed
-simplest first: hypothesis shrinks a draw toward the first option and toward `False`.
+and rebuilds one from an integer seed (`SeededChoices`: a failure reproduces from its seed).
+Options are listed simplest first: hypothesis shrinks a draw toward the first option and toward
+`False`.
 """
 
 from __future__ import annotations

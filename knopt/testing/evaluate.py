@@ -1,5 +1,6 @@
-"""Evaluating a rule's primitive conditions in Python, on the values an instance gave its
-variables, so that instances can be repaired before egglog sees them.
+"""Evaluating a rule's primitive conditions in Python, on the values of an instance's variables.
+
+That way an instance can be repaired before egglog sees it.
 
 Only what Python knows is evaluated: arithmetic, comparisons, vectors, the `shape` and
 `dtype` of built tensors and relations that hold base facts only (`is-float`...). Anything
@@ -148,7 +149,7 @@ class Evaluator:
                 same = a is b
                 return same if name == "=" else not same if name == "!=" else _raise()
             return _PREDICATES[name](a, b)
-        if name in self.base_facts:
+        if name is not None and name in self.base_facts:
             return tuple(self.value(e) for e in expr[1:]) in self.base_facts[name]
         raise Unknown(f"({name} ...) is computed by egglog")
 

@@ -8,13 +8,17 @@ to compare each one a rule derived with what it claims.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from knopt.opt.serialized import Ref, SRef
 
 Fact = tuple[str, tuple[Any, ...], Any]  # name, arguments, value (None for relations)
-_PRIMITIVES = {"i64": int, "f64": float, "bool": lambda text: text == "true"}
+_PRIMITIVES: dict[str, Callable[[str], Any]] = {
+    "i64": int,
+    "f64": float,
+    "bool": lambda text: text == "true",
+}
 
 
 def read_facts(text: str, names: Collection[str]) -> set[Fact]:

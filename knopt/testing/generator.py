@@ -26,11 +26,19 @@ from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Value
 from knopt.ir.op import Input, Unary
+from knopt.ir.shape import static_dims
 from knopt.testing.arrays import random_array
 from knopt.testing.choices import Choices, choose, choose_weighted
 
 Shape = tuple[int, ...]
 T = TypeVar("T")
+
+
+def static_shape(value: Value) -> Shape:
+    """The shape of a generated value, whose sizes are integers: moves make no symbolic ones."""
+    shape = static_dims(value.shape)
+    assert shape is not None, f"a move made the symbolic shape {value.shape}"
+    return shape
 
 
 @dataclass(frozen=True)
@@ -202,8 +210,8 @@ class GraphGen:
             return self.splat(float(random_array(self.rng, (), x.dtype)), x.dtype)
         if what == "channel" and x.rank:
             axis = self.integer(0, x.rank - 1)
-            return self.constant(self.per_channel(x.shape, axis), x.dtype)  # type: ignore[arg-type]
-        shape = self.broadcastable(x.shape)  # type: ignore[arg-type]
+            return self.constant(self.per_channel(static_shape(x), axis), x.dtype)
+        shape = self.broadcastable(static_shape(x))
         return self.input(shape, x.dtype) if what == "input" else self.constant(shape, x.dtype)
 
     # ---- the graph -------------------------------------------------------------------

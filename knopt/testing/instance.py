@@ -11,7 +11,7 @@ wants and the attempt is made again, a few rounds at most.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +56,7 @@ class Forced:
     """Values that repairs fixed for the next attempt."""
 
     values: dict[str, Any] = field(default_factory=dict)
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    shapes: dict[str, tuple[Dim, ...]] = field(default_factory=dict)  # of leaves, maybe symbolic
     dtypes: dict[str, str] = field(default_factory=dict)
 
 
@@ -95,20 +95,14 @@ class _Attempt:
             for a in args
             if isinstance(a, Sym)
         }
-        for guard in pattern.guards:  # (folds e) with (= e (vec-get parts i)): parts fold
-            if head(guard) == "=" and isinstance(guard, tuple) and head(guard[2]) == "vec-get":
-                if guard[1] in [Sym(c) for c in self.constants]:
-                    vector = guard[2][1]  # type: ignore[index]
-                    if isinstance(vector, Sym):
-                        self.constants.add(vector.name)
+        for element, vector in _equations(pattern.guards, "vec-get"):
+            if element in self.constants:  # (folds e) with (= e (vec-get parts i)): parts fold
+                self.constants.add(vector)
         self.builder = GraphBuilder("instance")
         self.inputs = 0
         self._base = _base_facts(book)
         self._shape_of = {  # variables that name a leaf's shape: `(= s (shape x))`
-            g[1].name: g[2][1].name for g in pattern.guards
-            if head(g) == "=" and isinstance(g, tuple) and isinstance(g[1], Sym)
-            and head(g[2]) == "shape" and isinstance(g[2][1], Sym)  # type: ignore[index]
-            and g[2][1].name not in pattern.bindings  # type: ignore[index]
+            s: x for s, x in _equations(pattern.guards, "shape") if x not in pattern.bindings
         }
 
     # ---- structure ---------------------------------------------------------------------
@@ -123,7 +117,7 @@ class _Attempt:
                 yield i, arg
 
     def children(self, var: str) -> list[str]:
-        found = []
+        found: list[str] = []
         for _, arg in self.tensor_args(var):
             if isinstance(arg, tuple):
                 found.extend(a.name for a in arg)
@@ -142,9 +136,12 @@ class _Attempt:
         return sorted(tensors - used)
 
     def children_names(self, var: str) -> list[str]:
-        names = []
+        names: list[str] = []
         for _, arg in self.tensor_args(var):
-            names.extend(a.name for a in arg) if isinstance(arg, tuple) else names.append(arg.name)
+            if isinstance(arg, tuple):
+                names.extend(a.name for a in arg)
+            else:
+                names.append(arg.name)
         return names
 
     # ---- sampling ----------------------------------------------------------------------
@@ -157,9 +154,8 @@ class _Attempt:
     def visit(self, var: str, hint: Hint) -> None:
         if var in self.hints:
             return
-        if var in self.forced.shapes or var in self.forced.dtypes:
-            shape = self.forced.shapes.get(var, hint.shape)
-            hint = Hint(shape, DType[self.forced.dtypes.get(var, hint.dtype.name)], hint.bound)
+        if var in self.forced.dtypes:  # forced shapes are of leaves: `leaf` applies them
+            hint = Hint(hint.shape, DType[self.forced.dtypes[var]], hint.bound)
         self.hints[var] = hint
         call = self.pattern.bindings.get(var)
         if call is None:
@@ -204,12 +200,15 @@ class _Attempt:
     def leaf(self, var: str) -> Value:
         hint = self.hints.get(var) or Hint(self.sampling.shape(), DType.F32)
         call = self.pattern.bindings.get(var)
-        shape, dtype = hint.shape, hint.dtype
+        shape: tuple[Dim, ...] = hint.shape
+        if var in self.hints:  # a sampled leaf takes the shape a repair forced, if any
+            shape = self.forced.shapes.get(var, shape)
+        dtype = hint.dtype
         if call is not None:
             attrs = self.attrs.get(var, {})
             shape, dtype = tuple(attrs.get(1, shape)), DType[attrs.get(2, dtype.name)]
         if hint.bound is not None:
-            data = self.rng.integers(-hint.bound, hint.bound, shape).astype(dtype.numpy)
+            data = self.rng.integers(-hint.bound, hint.bound, _sizes(shape)).astype(dtype.numpy)
             return self.builder.constant(data)
         vector = var.split("#")[0]  # a Concat's part `xs#k` folds when `xs` does
         kind = (
@@ -222,12 +221,15 @@ class _Attempt:
             return self.builder.input(f"in{self.inputs}", shape, dtype)
         if kind == "Splat" or (kind == "Constant" and call is None and self.sampling.boolean(0.2)):
             value = self.attrs.get(var, {}).get(0, self.sampling.value())
-            return self.builder.constant(np.full(shape, value, dtype.numpy))
-        return self.builder.constant(random_array(self.rng, shape, dtype))
+            return self.builder.constant(np.full(_sizes(shape), value, dtype.numpy))
+        return self.builder.constant(random_array(self.rng, _sizes(shape), dtype))
 
     def build(self, var: str) -> Value:
-        """Build `var` and what it needs: operands that are not leaves first, then the leaves
-        (an elementwise op's leaves take the type of its built operands), then the op."""
+        """Build `var` and what it needs: operands that are not leaves first, then the leaves.
+
+        The leaves come after the other operands because an elementwise op's leaves take the
+        type of its built operands; the op comes last.
+        """
         stack = [(var, 0)]
         while stack:
             current, stage = stack.pop()
@@ -271,7 +273,7 @@ class _Attempt:
             or not 0 <= axis < self.values[kids[0]].rank
         ):
             return
-        size = int(self.values[kids[0]].shape[axis])
+        size = _size(self.values[kids[0]].shape[axis])
         old = self.hints.get(kids[1])
         if old is not None:
             self.hints[kids[1]] = Hint(old.shape, old.dtype, bound=size)
@@ -291,7 +293,7 @@ class _Attempt:
                 dtype = DType.BOOL
             elif name == "Where" and model.dtype is DType.BOOL and len(built) == 1:
                 dtype = self.hints[kid].dtype if kid in self.hints else dtype
-            shape = tuple(int(d) for d in model.shape)
+            shape = _sizes(model.shape)
             self.hints[kid] = Hint(
                 shape, dtype, self.hints[kid].bound if kid in self.hints else None
             )
@@ -412,7 +414,12 @@ class _Attempt:
                         return True
             if name in self._base:
                 return self._pick_row(guard, evaluator, repairs)
-            if name in ("<", "<=") and isinstance(guard[2], Lit) and guard[2].value <= 0:
+            if (
+                name in ("<", "<=")
+                and isinstance(guard[2], Lit)
+                and not isinstance(guard[2].value, str)
+                and guard[2].value <= 0
+            ):
                 return self._make_symbolic(guard[1], evaluator, repairs)
             close = _closeness(guard)
             if close is not None:
@@ -425,8 +432,10 @@ class _Attempt:
         return False
 
     def _make_symbolic(self, expr: Expr, evaluator: Evaluator, repairs: Forced) -> bool:
-        """Repair `(< E 0)`: a size variable, a size of a leaf's shape or of a `Sizes`
-        becomes symbolic (sizes are negative only when symbolic)."""
+        """Repair `(< E 0)` by making a size symbolic (sizes are negative only when symbolic).
+
+        The size is a size variable, a size of a leaf's shape or one of a `Sizes`.
+        """
         name = head(expr)
         if isinstance(expr, Sym) and expr.name not in self.values:
             repairs.values[expr.name] = SYMBOLIC
@@ -441,10 +450,10 @@ class _Attempt:
         leaf = self._shape_of.get(vector)
         if name == "vec-get" and leaf is not None and leaf in self.hints:
             index = evaluator.value(expr[2])
-            shape = list(self.hints[leaf].shape)
+            shape: list[Dim] = list(self.forced.shapes.get(leaf, self.hints[leaf].shape))
             if 0 <= index < len(shape):
                 shape[index] = sym("n1")
-                repairs.shapes[leaf] = tuple(shape)  # type: ignore[arg-type]
+                repairs.shapes[leaf] = tuple(shape)
                 return True
         return False
 
@@ -499,6 +508,37 @@ class _Attempt:
             if name == "/" and first:
                 return self._solve(unknown, target * k, evaluator)
         return None
+
+
+def _equations(guards: Iterable[Expr], name: str) -> Iterator[tuple[str, str]]:
+    """The variables `(v, x)` of each guard `(= v (name x ...))`."""
+    for guard in guards:
+        if head(guard) != "=" or not isinstance(guard, tuple):
+            continue
+        left, right = guard[1], guard[2]
+        if (
+            head(right) == name
+            and isinstance(right, tuple)
+            and isinstance(left, Sym)
+            and isinstance(right[1], Sym)
+        ):
+            yield left.name, right[1].name
+
+
+def _size(dim: Dim) -> int:
+    """A size of a built value, as numpy needs it.
+
+    Raises:
+        InvalidGraphError: If it is symbolic (`instantiate` then draws again).
+    """
+    if not isinstance(dim, int):
+        raise InvalidGraphError(f"size {dim} is symbolic")
+    return dim
+
+
+def _sizes(shape: Iterable[Dim]) -> tuple[int, ...]:
+    """A shape as numpy needs it (see `_size`)."""
+    return tuple(_size(d) for d in shape)
 
 
 def _closeness(guard: tuple[Expr, ...]) -> tuple[Expr, Expr] | None:

@@ -20,7 +20,7 @@ from knopt.cpu.kernels import KERNELS
 from knopt.ir import op as ops
 from knopt.ir.graph import Graph
 from knopt.ir.op import Input, Iota, Reduction, Sizes, TensorType, Unary
-from knopt.ir.shape import is_static
+from knopt.ir.shape import is_static, static_dims
 from knopt.opt.rebuild import KERNEL_OPS
 from knopt.opt.serialized import SRef
 from knopt.opt.terms import TermTables
@@ -50,8 +50,9 @@ def context(values: ClassValues, other: ClassValues, graph: Graph, ir_nodes: Any
     reads: set[int] = set()
     for node, (cls, _) in zip(graph.nodes, ir_nodes, strict=True):
         types.setdefault(cls, node.output.type)
-        symbolic = isinstance(node.op, Iota | Sizes) and not is_static(node.output.shape) or (
-            isinstance(node.op, Sizes) and not is_static(node.op.dims))
+        symbolic = (isinstance(node.op, Iota | Sizes) and not is_static(node.output.shape)) or (
+            isinstance(node.op, Sizes) and not is_static(node.op.dims)
+        )
         if isinstance(node.op, Input) or symbolic or any(id(v) in reads for v in node.inputs):
             reads.add(id(node.output))
             varying.add(cls)
@@ -102,9 +103,10 @@ def _static(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
 
 def _small(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     shape = _type(ctx, args[0].id).shape
-    if not is_static(shape):
+    dims = static_dims(shape)
+    if dims is None:
         return f"shape {shape} is symbolic, so not known to be small"
-    count = math.prod(int(d) for d in shape)
+    count = math.prod(dims)
     return None if count <= 1 << 20 else f"{count} elements is not small"
 
 

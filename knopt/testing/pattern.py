@@ -106,8 +106,12 @@ def _scalar_terms(book: Rulebook, exprs: tuple[Expr, ...]) -> Iterator[Expr]:
         if not isinstance(expr, tuple) or not expr:
             continue
         signature = book.signatures.get(head(expr) or "")
-        if signature is not None and signature.kind == "constructor" and signature.out == "S" \
-                and signature.args:
+        if (
+            signature is not None
+            and signature.kind == "constructor"
+            and signature.out == "S"
+            and signature.args
+        ):
             yield expr
         yield from _scalar_terms(book, expr[1:])
 
@@ -291,14 +295,18 @@ def _apply(book: Rulebook, producer: _Producer, atom: Expr, suffix: str) -> list
 
 
 def _makes_leaf(producer: _Producer) -> bool:
-    return any(head(atom) == "=" and isinstance(atom, tuple) and head(atom[2]) in LEAVES
-               for atom in producer.query)
+    return any(
+        head(atom) == "=" and isinstance(atom, tuple) and head(atom[2]) in LEAVES
+        for atom in producer.query
+    )
 
 
 def _demanding(producer: _Producer) -> bool:
     """Whether a producer's query asks for a metric of at least some size."""
-    return any(head(atom) in (">=", ">") and isinstance(atom, tuple) and isinstance(atom[2], Lit)
-               for atom in producer.query)
+    return any(
+        head(atom) in (">=", ">") and isinstance(atom, tuple) and isinstance(atom[2], Lit)
+        for atom in producer.query
+    )
 
 
 def _recursive(book: Rulebook, key: str, producer: _Producer) -> bool:
@@ -323,6 +331,12 @@ def unfold(
     and a choice whose consequences clash later is undone.
 
     Args:
+        book: The declarations and rules of the loaded rule files.
+        index: The producers of each derived atom, by key (see `producers`).
+        atoms: The query to unfold.
+        choices: Where the random order of the producers comes from.
+        exclude: The name of the checked rule, which never explains its own query.
+        max_steps: How many atoms one branch of the search may unfold.
         deep: Unfold analysis facts too (for a query over no tensor).
         recursion: Prefer producers that need their own relation again this many times
             (a guard such as `(>= (body-size b) 12)` needs a body of 12 ops).
@@ -353,14 +367,19 @@ def unfold(
             pool = [(p, w) for p, w in pool if p is not picked]
         return ordered
 
-    def search(goals: list[Expr], deps: frozenset[str], depth: int,
-               steps: int) -> tuple[list[Expr], set[str]] | None:
+    def search(
+        goals: list[Expr], deps: frozenset[str], depth: int, steps: int
+    ) -> tuple[list[Expr], set[str]] | None:
         bound = _bound(book, goals)
         # `deep` explains the query's own atoms only; the producers' atoms are explained as
         # usual, or the search wanders through every analysis of the schema.
         position = next(
-            (i for i, a in enumerate(goals)
-             if is_unfoldable(book, index, a, bound, deep and a in original)), None
+            (
+                i
+                for i, a in enumerate(goals)
+                if is_unfoldable(book, index, a, bound, deep and a in original)
+            ),
+            None,
         )
         if position is None:
             return goals, set(deps)
@@ -383,8 +402,7 @@ def unfold(
             used = deps
             if producer.rule is not None and producer.rule.ruleset not in SATURATED:
                 used = deps | {producer.rule.name}
-            result = search(rest + found, used, depth - _recursive(book, key, producer),
-                            steps + 1)
+            result = search(rest + found, used, depth - _recursive(book, key, producer), steps + 1)
             if result is not None:
                 return result
         return None
@@ -501,7 +519,7 @@ class _Flattener:
             return expr
         signature = self.book.signatures.get(head(expr) or "")
         if signature is not None and signature.kind == "constructor" and signature.args:
-            return self.arg(expr, signature.out)  # type: ignore[no-any-return]
+            return self.arg(expr, signature.out)
         if signature is not None:  # a function or relation: its arguments' sorts are known
             for item, sort in zip(expr[1:], signature.args, strict=False):
                 if isinstance(item, Sym):

@@ -1,5 +1,7 @@
-"""What a set of rule files declares: sorts, constructors, relations, functions, base facts,
-and every named rule with its query, its actions and where it sits in its file.
+"""What a set of rule files declares, and every named rule in them.
+
+The declarations are sorts, constructors, relations, functions and base facts; each rule comes
+with its query, its actions and where it sits in its file.
 
 A `rewrite` becomes a rule whose query binds the left side to `knopt-lhs` and whose action
 unions it with the right side, so every rule has one shape: query atoms and actions.

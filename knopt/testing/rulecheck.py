@@ -11,12 +11,14 @@ A rule whose left side no instance matched is *unchecked*, never sound.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,7 @@ from knopt.ir.bind import bind_symbols
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.graph import Graph, Value
 from knopt.ir.op import Input
+from knopt.ir.shape import static_dims
 from knopt.ir.text import format_graph
 from knopt.opt.rules import RuleFile, shipped_rule_files
 from knopt.opt.serialized import Ref
@@ -188,12 +191,12 @@ class _Failure:
 
 
 def _size(graph: Graph) -> tuple[int, int]:
-    elements = sum(int(np.prod([int(d) for d in v.shape])) for v in graph.inputs
-                   if all(isinstance(d, int) for d in v.shape))
+    shapes = [static_dims(v.shape) for v in graph.inputs]
+    elements = sum(int(np.prod(shape)) for shape in shapes if shape is not None)
     return len(pruned(graph).nodes), elements
 
 
-def _feeds_of(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _feeds_of(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: feeds[name] for name in graph.input_names}
 
 
@@ -233,7 +236,7 @@ def _compare_pair(values: Sequence[ClassValues], lhs: int, rhs: int) -> _Failure
     return None
 
 
-def _show(left: Graph, right: Graph | None, feeds: dict[str, np.ndarray]) -> str:
+def _show(left: Graph, right: Graph | None, feeds: Mapping[str, np.ndarray]) -> str:
     shown = pruned(left)
     text = "left side:\n" + format_graph(shown)
     if right is not None:
@@ -250,8 +253,7 @@ def _compare_scalars(values: ClassValues, a: int, b: int) -> _Failure | None:
     )
     if comparison.ok:
         return None
-    return _Failure((0, 0), f"scalar bodies {a} and {b}", comparison.max_error,
-                    comparison.message)
+    return _Failure((0, 0), f"scalar bodies {a} and {b}", comparison.max_error, comparison.message)
 
 
 def _check_fact(ctx: Any, fact: Fact) -> _Failure | None:
@@ -262,10 +264,8 @@ def _check_fact(ctx: Any, fact: Fact) -> _Failure | None:
     classes = [a.id for a in args if isinstance(a, Ref)]
     text = f"fact ({name} {' '.join(map(str, args))}) = {value}"
     for cls in classes[:1]:
-        try:
+        with contextlib.suppress(KnoptError):  # the fact's message says enough without it
             text += "\n" + format_graph(pruned(ctx.values.graph_of(cls)))
-        except KnoptError:
-            pass  # the fact's message says enough
     return _Failure((len(text), 0), text, float("inf"), message)
 
 
@@ -280,12 +280,12 @@ def _judge(graph: Graph, run: CheckRun, seed: int) -> tuple[int, list[_Failure],
     checked = 0
     values = [ClassValues(run.data, run.tables, run.ir_nodes, graph, f, sizes) for f in feeds]
     jobs: list[Callable[[], _Failure | None]] = []
-    jobs += [lambda p=p: _compare_pair(values, *p) for p in run.pairs if p[0] != p[1]]
-    jobs += [lambda p=p: _compare_scalars(values[0], *p) for p in run.scalar_pairs]
+    jobs += [partial(_compare_pair, values, lhs, rhs) for lhs, rhs in run.pairs if lhs != rhs]
+    jobs += [partial(_compare_scalars, values[0], a, b) for a, b in run.scalar_pairs]
     checked += sum(1 for p in run.pairs if p[0] == p[1])  # the two sides are one term
     if run.facts:
         ctx = context(values[0], values[1], graph, run.ir_nodes)
-        jobs += [lambda f=f: _check_fact(ctx, f) for f in run.facts]
+        jobs += [partial(_check_fact, ctx, f) for f in run.facts]
     for job in jobs[:MAX_APPLICATIONS]:
         try:
             failure = job()
@@ -400,8 +400,12 @@ def check_rules(
         results: Any = map(_check_named, chosen)
     else:
         # Spawned, not forked: a fork of a process that has run egglog can deadlock.
-        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_start_worker, initargs=(files, instances, seed))
+        pool = ProcessPoolExecutor(
+            jobs,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_start_worker,
+            initargs=(files, instances, seed),
+        )
         results = pool.map(_check_named, chosen)
     for report in results:
         reports[report.name] = report

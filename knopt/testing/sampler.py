@@ -1,7 +1,9 @@
-"""Backward samplers: for each IR constructor of schema.egg, given the type its result should
-have and the arguments already fixed, propose the other attributes and the types of the
-tensor arguments. Proposals are hints: the IR builder types the result (`Op.infer`) and a
-proposal that does not fit is rejected there.
+"""Backward samplers, which propose the arguments of an IR constructor from its result's type.
+
+For each IR constructor of schema.egg, given the type its result should have and the arguments
+already fixed, a sampler proposes the other attributes and the types of the tensor arguments.
+Proposals are hints: the IR builder types the result (`Op.infer`) and a proposal that does not
+fit is rejected there.
 
 Arguments are numbered as in schema.egg; derived arguments (the result shapes that some
 constructors carry last, constant indices, input names) are never proposed.
@@ -110,7 +112,7 @@ def _pick(fixed: dict[int, Any], position: int, make: Callable[[], Any]) -> Any:
     # Draw even when the value is fixed, so that fixing one value (a repair) leaves every
     # later random decision as it was.
     made = make()
-    return fixed[position] if position in fixed else made
+    return fixed.get(position, made)
 
 
 def _reshaped(s: Sampling, shape: Shape) -> Shape:

@@ -18,8 +18,8 @@ from knopt.cpu.executor import run_graph
 from knopt.cpu.kernels import KERNELS
 from knopt.errors import KnoptError
 from knopt.ir import op as ops
-from knopt.ir.dtype import DType
 from knopt.ir.bind import bind_symbols
+from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Node, Value
 from knopt.ir.op import Binary, TensorType, Unary
 from knopt.opt.rebuild import rebuild_graph

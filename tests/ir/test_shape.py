@@ -17,6 +17,7 @@ from knopt.ir.shape import (
     is_static,
     normalize_axis,
     numel,
+    static_dims,
     sym,
     symbols_of,
 )
@@ -113,6 +114,12 @@ def test_numel_and_bind() -> None:
     assert bind(shape, {"batch": 2, "seq": 5}) == (2, 3, 5)
     assert is_static((2, 3))
     assert not is_static(shape)
+
+
+def test_static_dims_are_the_integers_or_none_when_symbolic() -> None:
+    assert static_dims([2, 3]) == (2, 3)
+    assert static_dims(()) == ()
+    assert static_dims((2, BATCH)) is None
 
 
 def test_format_shape_writes_polynomials() -> None:

@@ -10,8 +10,9 @@ from knopt.ir import DType, GraphBuilder, sym
 from knopt.testing.arrays import describe_inputs, random_array, random_inputs
 
 
-@pytest.mark.parametrize("dtype", [DType.F32, DType.F64, DType.F16, DType.I32, DType.I64,
-                                   DType.U8, DType.BOOL])
+@pytest.mark.parametrize(
+    "dtype", [DType.F32, DType.F64, DType.F16, DType.I32, DType.I64, DType.U8, DType.BOOL]
+)
 def test_random_arrays_have_the_dtype_and_no_zeros(dtype: DType) -> None:
     array = random_array(np.random.default_rng(1), (50,), dtype)
     assert array.dtype == dtype.numpy

@@ -18,7 +18,8 @@ def _evaluator() -> Evaluator:
     g = GraphBuilder()
     x = g.input("x", (2, 3), DType.F32)
     return Evaluator(
-        {"a": 1, "s": (2, 3), "c": 0.7071067}, {"x": x},
+        {"a": 1, "s": (2, 3), "c": 0.7071067},
+        {"x": x},
         lambda v: (tuple(int(d) for d in v.shape), v.dtype.name),
         {"is-float": {("F32",)}},
     )
@@ -26,9 +27,17 @@ def _evaluator() -> Evaluator:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("(- (vec-length s) 1)", 1), ("(vec-of a)", (1,)), ("(vec-get (shape x) a)", 3),
-     ("(vec-set s 0 5)", (5, 3)), ("(* 2.0 (to-f64 a))", 2.0), ("(numel s)", 6),
-     ("(numel-from (vec-of 2 -1000) 1)", -1), ("(dtype x)", "F32"), ("(abs (- c 1.0))", 0.2928933)],
+    [
+        ("(- (vec-length s) 1)", 1),
+        ("(vec-of a)", (1,)),
+        ("(vec-get (shape x) a)", 3),
+        ("(vec-set s 0 5)", (5, 3)),
+        ("(* 2.0 (to-f64 a))", 2.0),
+        ("(numel s)", 6),
+        ("(numel-from (vec-of 2 -1000) 1)", -1),
+        ("(dtype x)", "F32"),
+        ("(abs (- c 1.0))", 0.2928933),
+    ],
 )
 def test_primitive_expressions_evaluate(text: str, value: object) -> None:
     result = _evaluator().value(_expr(text))

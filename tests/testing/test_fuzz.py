@@ -50,8 +50,11 @@ def _save(case: Case, folder: Path) -> str:
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                           HealthCheck.function_scoped_fixture],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
 )
 @given(case=graph_and_inputs())
 def test_optimized_graph_and_program_agree_with_the_original(case: Case, failure_dir: Path) -> None:

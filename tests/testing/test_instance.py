@@ -47,8 +47,9 @@ def test_gather_indices_stay_inside_their_axis() -> None:
     assert graphs
     for graph in graphs:
         for node in graph.nodes:
-            if isinstance(node.op, ops.Gather) and isinstance(node.inputs[1].producer.op,
-                                                              ops.Constant):
+            if isinstance(node.op, ops.Gather) and isinstance(
+                node.inputs[1].producer.op, ops.Constant
+            ):
                 size = node.inputs[0].shape[node.op.axis]
                 indices = node.inputs[1].producer.op.data.array
                 assert indices.size == 0 or (-size <= indices.min() and indices.max() < size)
@@ -56,5 +57,6 @@ def test_gather_indices_stay_inside_their_axis() -> None:
 
 def test_matmul_and_convolution_instances_type_check() -> None:
     assert any(isinstance(n.op, ops.Conv) for g in _instances("scale-into-conv") for n in g.nodes)
-    assert any(isinstance(n.op, ops.MatMul) for g in _instances("scale-into-matmul")
-               for n in g.nodes)
+    assert any(
+        isinstance(n.op, ops.MatMul) for g in _instances("scale-into-matmul") for n in g.nodes
+    )

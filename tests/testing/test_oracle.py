@@ -40,8 +40,9 @@ def test_a_union_becomes_a_pair_of_classes_whose_values_agree() -> None:
     assert run.fired == 1
     ((lhs, rhs),) = run.pairs
     assert lhs != rhs
-    values = ClassValues(run.data, run.tables, run.ir_nodes, graph,
-                         random_inputs(graph, np.random.default_rng(0)))
+    values = ClassValues(
+        run.data, run.tables, run.ir_nodes, graph, random_inputs(graph, np.random.default_rng(0))
+    )
     np.testing.assert_array_equal(values.value(lhs), values.value(rhs))
 
 
@@ -51,8 +52,10 @@ def test_facts_go_to_shadow_tables_and_oracles_judge_them() -> None:
     shapes = [f for f in run.facts if f[0] == "shape"]
     assert shapes and all(value == (2, 3) for _, _, value in shapes)
     rng = np.random.default_rng(0)
-    values = [ClassValues(run.data, run.tables, run.ir_nodes, graph, random_inputs(graph, rng))
-              for _ in range(2)]
+    values = [
+        ClassValues(run.data, run.tables, run.ir_nodes, graph, random_inputs(graph, rng))
+        for _ in range(2)
+    ]
     ctx = context(values[0], values[1], graph, run.ir_nodes)
     name, args, _ = shapes[0]
     assert check_fact(ctx, (name, args, (2, 3))) is None
@@ -63,8 +66,10 @@ def test_the_constant_oracle_tells_inputs_from_constants() -> None:
     graph = _graph()
     run = run_check(FILES, BOOK, BOOK.rule("varies-binary-left"), [], graph)
     rng = np.random.default_rng(0)
-    values = [ClassValues(run.data, run.tables, run.ir_nodes, graph, random_inputs(graph, rng))
-              for _ in range(2)]
+    values = [
+        ClassValues(run.data, run.tables, run.ir_nodes, graph, random_inputs(graph, rng))
+        for _ in range(2)
+    ]
     ctx = context(values[0], values[1], graph, run.ir_nodes)
     (varying,) = {args[0] for name, args, _ in run.facts if name == "varies"}
     assert check_fact(ctx, ("varies", (varying,), None)) is None

@@ -57,7 +57,8 @@ def test_flattening_splits_bindings_facts_and_guards() -> None:
     assert call.name == "BinaryOp" and call.args[0] == "DIV"
     assert ("coef", (Sym("c"),)) in pattern.facts
     assert any(head(g) == "is-float" for g in pattern.guards) or any(
-        name == "is-float" for name, _ in pattern.facts)
+        name == "is-float" for name, _ in pattern.facts
+    )
     assert pattern.sorts["x"] == "T"
 
 

@@ -94,9 +94,25 @@ def test_a_rule_whose_left_side_cannot_be_built_is_unchecked() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["clamp-of-clamp", "div-by-constant", "scale-into-conv", "layer-norm", "rms-norm", "gelu",
-     "softmax", "attention-masked", "swiglu-one-matmul", "permute-of-permute", "type-matmul",
-     "fold-binary", "numel-step", "full-binary", "fuse-binary", "gemm-add", "reduce-epilogue"],
+    [
+        "clamp-of-clamp",
+        "div-by-constant",
+        "scale-into-conv",
+        "layer-norm",
+        "rms-norm",
+        "gelu",
+        "softmax",
+        "attention-masked",
+        "swiglu-one-matmul",
+        "permute-of-permute",
+        "type-matmul",
+        "fold-binary",
+        "numel-step",
+        "full-binary",
+        "fuse-binary",
+        "gemm-add",
+        "reduce-epilogue",
+    ],
 )
 def test_shipped_rules_of_every_kind_are_sound(name: str) -> None:
     files = shipped_rule_files()
@@ -107,6 +123,7 @@ def test_shipped_rules_of_every_kind_are_sound(name: str) -> None:
 
 
 # ---- every shipped rule (CI) ------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def shipped_reports() -> list[RuleReport]:
@@ -203,8 +220,9 @@ def test_a_relu_of_a_bool_convolution_optimizes(rng: np.random.Generator) -> Non
 def test_the_cpu_executor_max_pools_bools() -> None:
     g = GraphBuilder("bool-pool")
     x = g.input("x", (1, 1, 4), DType.BOOL)
-    g.output(g.pool(PoolKind.MAX, x, kernel=(2,), strides=(1,), pads=((0, 0),),
-                    dilations=(1,)), "y")
+    g.output(
+        g.pool(PoolKind.MAX, x, kernel=(2,), strides=(1,), pads=((0, 0),), dilations=(1,)), "y"
+    )
     (y,) = run_graph(g.build(), {"x": np.array([[[True, False, False, True]]])})
     np.testing.assert_array_equal(y, [[[True, False, True]]])
 

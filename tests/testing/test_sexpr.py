@@ -44,5 +44,5 @@ def test_floats_are_written_as_floats() -> None:
 
 @pytest.mark.parametrize("text", ["(rewrite (a b)", "(a))"])
 def test_unbalanced_parentheses_are_an_error_naming_the_file(text: str) -> None:
-    with pytest.raises(RuleFileError, match="my.egg"):
+    with pytest.raises(RuleFileError, match=r"my\.egg"):
         read_forms(text, "my.egg")

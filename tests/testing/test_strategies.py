@@ -12,9 +12,9 @@ import knopt
 from knopt.cpu import run_graph
 from knopt.ir import Binary, Graph, Unary, format_graph, validate
 from knopt.ir.op import OP_CLASSES, BinaryOp, UnaryOp
+from knopt.opt.rules import shipped_rule_files
 from knopt.testing import graph_from_seed, graphs
 from knopt.testing.rulebook import read_rulebook
-from knopt.opt.rules import shipped_rule_files
 
 
 def _ops(graph: Graph) -> set[object]:
@@ -85,8 +85,9 @@ def test_drawn_graphs_make_the_algebra_rules_fire() -> None:
     graphs_with_algebra = 0
     for seed in range(30):
         report = knopt.optimize(graph_from_seed(seed).graph, ilp=False).report
-        algebra = {n for n, count in report.rules_fired.items()
-                   if count and rulesets.get(n) == "algebra"}
+        algebra = {
+            n for n, count in report.rules_fired.items() if count and rulesets.get(n) == "algebra"
+        }
         fired.update(algebra)
         graphs_with_algebra += bool(algebra)
     assert graphs_with_algebra >= 24

@@ -1,6 +1,8 @@
-"""Moves for the ops that combine many elements: reductions, arg-reductions, cumulative sums,
-softmax, norms, matmuls (with bias and activation), convolutions (with BatchNorm written
-out), pools and attention."""
+"""Moves for the ops that combine many elements.
+
+They make reductions, arg-reductions, cumulative sums, softmax, norms, matmuls (with bias and
+activation), convolutions (with BatchNorm written out), pools and attention.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import math
 
 from knopt.ir.graph import Value
 from knopt.ir.op import Attention, PoolKind, Reduction, Unary
-from knopt.testing.generator import GraphGen
+from knopt.testing.generator import GraphGen, static_shape
 
 ACTIVATIONS = ("none", "relu", "relu6", "gelu", "gelu-tanh", "sigmoid", "tanh", "silu")
 
@@ -40,7 +42,7 @@ def reduce(gen: GraphGen) -> Value | None:
         return None
     x = entry.value
     axes = sorted({gen.integer(0, x.rank - 1) for _ in range(gen.integer(1, x.rank))})
-    count = math.prod(int(x.shape[a]) for a in axes)
+    count = math.prod(static_shape(x)[a] for a in axes)
     kinds = [Reduction.SUM, Reduction.MAX, Reduction.MIN] + ([Reduction.PROD] if count <= 6 else [])
     kind = gen.choose(kinds)
     exact = entry.exact and (kind in (Reduction.MAX, Reduction.MIN) or x.dtype.is_int)
@@ -85,7 +87,7 @@ def matmul(gen: GraphGen) -> Value | None:
     x = gen.float_value(min_rank=1)
     if x.rank == 1:
         x = g.view(x, (1, *x.shape))
-    k, n = int(x.shape[-1]), gen.dim()
+    k, n = static_shape(x)[-1], gen.dim()
     w = gen.constant((k, n)) if gen.boolean(0.7) else gen.input((k, n))
     if x.rank > 2:
         w = g.broadcast(w, (*x.shape[:-2], k, n))
@@ -114,7 +116,7 @@ def conv(gen: GraphGen) -> Value | None:
     g = gen.builder
     x = _conv_input(gen, gen.integer(1, 2))
     spatial = x.rank - 2
-    channels = int(x.shape[1])
+    channels = static_shape(x)[1]
     groups = gen.choose([d for d in (1, 2, channels) if channels % d == 0])
     out = groups * gen.integer(1, 2)
     kernel = tuple(gen.integer(1, 3) for _ in range(spatial))
@@ -123,8 +125,8 @@ def conv(gen: GraphGen) -> Value | None:
     strides = tuple(gen.integer(1, 2) for _ in range(spatial))
     dilations = tuple(gen.integer(1, 2) for _ in range(spatial))
     if any(
-        int(d) + a + b < (k - 1) * dl + 1
-        for d, (a, b), k, dl in zip(x.shape[2:], pads, kernel, dilations, strict=True)
+        d + a + b < (k - 1) * dl + 1
+        for d, (a, b), k, dl in zip(static_shape(x)[2:], pads, kernel, dilations, strict=True)
     ):
         return None
     y = g.conv(x, w, strides=strides, pads=pads, dilations=dilations, groups=groups)
@@ -137,7 +139,7 @@ def conv(gen: GraphGen) -> Value | None:
     elif gen.boolean():
         y = g.add(y, gen.constant(channel))
     if gen.boolean(0.3):
-        y = g.add(y, gen.input(tuple(int(d) for d in y.shape)))
+        y = g.add(y, gen.input(static_shape(y)))
     return gen.add(activation(gen, y))
 
 
@@ -150,8 +152,8 @@ def pool(gen: GraphGen) -> Value | None:
     pads = tuple((gen.integer(0, (k - 1) // 2), gen.integer(0, (k - 1) // 2)) for k in kernel)
     dilations = tuple(1 if any(p) else gen.integer(1, 2) for p in pads)
     if any(
-        int(d) + a + b < (k - 1) * dl + 1
-        for d, (a, b), k, dl in zip(x.shape[2:], pads, kernel, dilations, strict=True)
+        d + a + b < (k - 1) * dl + 1
+        for d, (a, b), k, dl in zip(static_shape(x)[2:], pads, kernel, dilations, strict=True)
     ):
         return None
     y = g.pool(

@@ -7,7 +7,7 @@ import math
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.op import COMPARISONS, Binary, Cast, Constant, Input, Unary
-from knopt.testing.generator import GraphGen
+from knopt.testing.generator import GraphGen, static_shape
 
 # Float unary kinds by the operand guard they need.
 TOTAL = (
@@ -96,7 +96,7 @@ def binary_float(gen: GraphGen) -> Value | None:
         base = x if power in (2.0, 3.0) else gen.positive(x)
         return gen.add(g.binary(kind, base, gen.splat(power, x.dtype)))
     if kind in (Binary.MOD, Binary.FMOD):
-        return gen.add(g.binary(kind, x, gen.constant(gen.broadcastable(x.shape))), True)  # type: ignore[arg-type]
+        return gen.add(g.binary(kind, x, gen.constant(gen.broadcastable(static_shape(x)))), True)
     if rounding:
         same = gen.entries(lambda e: e.exact and e.value.type == x.type)
         y = gen.choose(same).value if gen.boolean() else gen.splat(0.5, x.dtype)
@@ -121,36 +121,36 @@ def integer_ops(gen: GraphGen) -> Value | None:
         if entry is not None
         else gen.input(gen.shape(), gen.choose((DType.I32, DType.I64)))
     )
-    kind = gen.choose(
-        (
-            Binary.ADD,
-            Binary.MUL,
-            Binary.SUB,
-            Binary.MAX,
-            Binary.MIN,
-            Binary.DIV,
-            Binary.MOD,
-            Binary.FMOD,
-            Binary.BITWISE_AND,
-            Binary.BITWISE_OR,
-            Binary.BITWISE_XOR,
-            Binary.SHIFT_LEFT,
-            Binary.SHIFT_RIGHT,
-            Binary.LESS,
-            Binary.EQUAL,
-            Unary.NEG,
-            Unary.ABS,
-            Unary.SIGN,
-            Unary.BITWISE_NOT,
-            Unary.RELU,
-        )
+    kinds: tuple[Binary | Unary, ...] = (
+        Binary.ADD,
+        Binary.MUL,
+        Binary.SUB,
+        Binary.MAX,
+        Binary.MIN,
+        Binary.DIV,
+        Binary.MOD,
+        Binary.FMOD,
+        Binary.BITWISE_AND,
+        Binary.BITWISE_OR,
+        Binary.BITWISE_XOR,
+        Binary.SHIFT_LEFT,
+        Binary.SHIFT_RIGHT,
+        Binary.LESS,
+        Binary.EQUAL,
+        Unary.NEG,
+        Unary.ABS,
+        Unary.SIGN,
+        Unary.BITWISE_NOT,
+        Unary.RELU,
     )
+    kind = gen.choose(kinds)
     if isinstance(kind, Unary):
         return gen.add(g.unary(kind, x), True)
     if kind in (Binary.SHIFT_LEFT, Binary.SHIFT_RIGHT):
-        y = g.constant(gen.rng.integers(0, 4, gen.broadcastable(x.shape)).astype(x.dtype.numpy))  # type: ignore[arg-type]
+        shifts = gen.rng.integers(0, 4, gen.broadcastable(static_shape(x)))
+        y = g.constant(shifts.astype(x.dtype.numpy))
     elif kind in (Binary.DIV, Binary.MOD, Binary.FMOD):
-        y = gen.constant(gen.broadcastable(x.shape), x.dtype, positive=True)  # type: ignore[arg-type]
+        y = gen.constant(gen.broadcastable(static_shape(x)), x.dtype, positive=True)
     else:
         y = gen.operand_for(x)
     return gen.add(g.binary(kind, x, y), True)
@@ -172,10 +172,10 @@ def logic(gen: GraphGen) -> Value | None:
         same = gen.entries(
             lambda e: e.value.shape == entry_value.shape and e.value.dtype is gen.main
         )
-        a = gen.choose(same).value if same else gen.input(entry_value.shape)  # type: ignore[arg-type]
+        a = gen.choose(same).value if same else gen.input(static_shape(entry_value))
         return gen.add(g.where(entry_value, a, gen.operand_for(a)))
     same = gen.entries(lambda e: e.value.type == entry_value.type)
-    shape = tuple(int(d) for d in entry_value.shape)
+    shape = static_shape(entry_value)
     y = gen.choose(same).value if same else g.constant(gen.rng.random(shape) < 0.5)
     kind = {"and": Binary.AND, "or": Binary.OR, "xor": Binary.XOR}[what]
     return gen.add(g.binary(kind, entry_value, y), True)

@@ -1,6 +1,6 @@
-"""Data-movement moves: views, broadcasts, permutes, slices, flips, pads, concats, gathers,
-scatters, and the index makers `Iota` and `Sizes`.
+"""Data-movement moves, and the index makers `Iota` and `Sizes`.
 
+The moves make views, broadcasts, permutes, slices, flips, pads, concats, gathers and scatters.
 They copy elements without arithmetic, so they keep a value exact. Some moves also write the
 no-op forms that the builder would skip (a permute by the identity, a slice of everything, a
 broadcast to the same shape), because exporters write those and rules remove them.
@@ -14,7 +14,7 @@ from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.op import PadMode, Reduction, ScatterReduction
-from knopt.testing.generator import GraphGen, Shape
+from knopt.testing.generator import GraphGen, Shape, static_shape
 
 
 def _reshaped(gen: GraphGen, shape: Shape) -> Shape:
@@ -41,9 +41,9 @@ def view(gen: GraphGen) -> Value | None:
     entry = gen.pick("any")
     if entry is None:
         return None
-    x = gen.builder.view(entry.value, _reshaped(gen, entry.value.shape))  # type: ignore[arg-type]
+    x = gen.builder.view(entry.value, _reshaped(gen, static_shape(entry.value)))
     if gen.boolean(0.3):
-        x = gen.builder.view(x, _reshaped(gen, x.shape))  # type: ignore[arg-type]
+        x = gen.builder.view(x, _reshaped(gen, static_shape(x)))
     return gen.add(x, entry.exact)
 
 
@@ -88,7 +88,7 @@ def slice_(gen: GraphGen) -> Value | None:
         return None
     x = entry.value
     axis = gen.integer(0, x.rank - 1)
-    size = int(x.shape[axis])
+    size = static_shape(x)[axis]
     if gen.boolean(0.15):
         return gen.add(g.apply(ops.Slice(axis, 0, size, 1), [x]), entry.exact)
     start = gen.integer(0, size - 1)
@@ -148,7 +148,7 @@ def gather(gen: GraphGen) -> Value | None:
         return None
     x = entry.value
     axis = gen.integer(0, x.rank - 1)
-    size = int(x.shape[axis])
+    size = static_shape(x)[axis]
     shape = tuple(gen.integer(1, 3) for _ in range(gen.integer(0, 2)))
     indices = gen.rng.integers(-size, size, shape).astype(np.int64)
     return gen.add(g.gather(x, g.constant(indices), axis=axis), entry.exact)
@@ -162,8 +162,8 @@ def scatter(gen: GraphGen) -> Value | None:
         return None
     x = entry.value
     axis = gen.integer(0, x.rank - 1)
-    shape = tuple(gen.integer(1, int(d)) for d in x.shape)
-    size = int(x.shape[axis])
+    shape = tuple(gen.integer(1, d) for d in static_shape(x))
+    size = static_shape(x)[axis]
     indices = g.constant(gen.rng.integers(-size, size, shape).astype(np.int64))
     updates = gen.constant(shape, x.dtype)
     reduction = gen.choose(list(ScatterReduction))

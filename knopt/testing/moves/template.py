@@ -1,6 +1,9 @@
-"""Moves that write out what the rules look for, in the variants exporters produce: affine
-chains, LayerNorm and RMSNorm, GELU (erf and tanh), SiLU, Sigmoid, HardSigmoid, HardSwish,
-softmax from exp and sum, attention, SwiGLU, and neutral elements and no-ops."""
+"""Moves that write out what the rules look for, in the variants exporters produce.
+
+They write affine chains, LayerNorm and RMSNorm, GELU (erf and tanh), SiLU, Sigmoid,
+HardSigmoid, HardSwish, softmax from exp and sum, attention, SwiGLU, and neutral elements and
+no-ops.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.op import Binary, Reduction, Unary
-from knopt.testing.generator import GraphGen
+from knopt.testing.generator import GraphGen, static_shape
 
 
 def affine_chain(gen: GraphGen) -> Value | None:
@@ -21,7 +24,8 @@ def affine_chain(gen: GraphGen) -> Value | None:
     x = gen.float_value(min_rank=1)
     axis = gen.integer(0, x.rank - 1)
     for _ in range(gen.integer(2, 4)):
-        shape = x.shape if gen.boolean(0.2) else gen.per_channel(x.shape, axis)  # type: ignore[arg-type]
+        full = static_shape(x)
+        shape = full if gen.boolean(0.2) else gen.per_channel(full, axis)
         c = (
             gen.constant(shape, positive=True)
             if gen.boolean(0.7)
@@ -37,7 +41,7 @@ def _mean_last(gen: GraphGen, x: Value) -> Value:
     """The mean over the last axis as exporters write it: a sum times 1/n, or divided by n."""
     g = gen.builder
     total = g.reduce(Reduction.SUM, x, axes=[x.rank - 1])
-    n = float(x.shape[-1])
+    n = float(static_shape(x)[-1])
     return g.mul(total, gen.splat(1 / n)) if gen.boolean() else g.div(total, gen.splat(n))
 
 
@@ -59,7 +63,7 @@ def _inverse_root(gen: GraphGen, x: Value, v: Value) -> Value:
 
 def _affine_tail(gen: GraphGen, y: Value) -> Value:
     g = gen.builder
-    n = int(y.shape[-1])
+    n = static_shape(y)[-1]
     if gen.boolean(0.6):
         y = g.mul(y, gen.constant((n,)))
     if gen.boolean(0.6):
@@ -183,8 +187,8 @@ def swiglu(gen: GraphGen) -> Value | None:
     """silu(x @ wg) * (x @ wu) with constant weights (LLaMA's MLP)."""
     g = gen.builder
     x = gen.input(gen.shape(gen.integer(2, 3)))
-    k, n = int(x.shape[-1]), gen.dim()
-    lead = tuple(int(d) for d in x.shape[:-2])
+    k, n = static_shape(x)[-1], gen.dim()
+    lead = static_shape(x)[:-2]
     wg = g.broadcast(gen.constant((k, n)), (*lead, k, n))
     wu = g.broadcast(gen.constant((k, n)), (*lead, k, n))
     gate = g.matmul(x, wg)
@@ -219,7 +223,7 @@ def neutral(gen: GraphGen) -> Value | None:
         if what == "not-not":
             return gen.add(g.unary(Unary.NOT, g.unary(Unary.NOT, b)), True)
         kind = Binary.AND if what == "and-false" else Binary.OR
-        return gen.add(g.binary(kind, b, g.constant(np.bool_(what == "or-true"))), True)
+        return gen.add(g.binary(kind, b, g.constant(what == "or-true")), True)
     if what == "int-mul-0":
         entry = gen.pick("int")
         if entry is None:
