@@ -417,13 +417,19 @@ def _trilu(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     known_k = ctx.known_input(node, 1, "k")
     k = 0 if known_k is None else int(known_k.reshape(()))
     rows, cols = x.shape[-2:]
-    if not isinstance(rows, int) or not isinstance(cols, int):
-        raise ctx.fail("Trilu on symbolic matrix sizes is not supported")
-    i, j = np.indices((rows, cols))
-    keep = (j - i >= k) if upper else (j - i <= k)
     builder = ctx.builder
     zero = builder.constant(np.zeros((), x.dtype.numpy))
-    return [builder.where(builder.constant(keep), x, zero)]
+    if isinstance(rows, int) and isinstance(cols, int):
+        i, j = np.indices((rows, cols))
+        keep = builder.constant((j - i >= k) if upper else (j - i <= k))
+        return [builder.where(keep, x, zero)]
+    # Symbolic sizes (a causal mask over the sequence): compare column - row with k at run time.
+    i = builder.view(builder.iota(rows), (rows, 1))
+    j = builder.view(builder.iota(cols), (1, cols))
+    offset = builder.sub(j, i)
+    bound = builder.constant(np.array(k, np.int64))
+    keep = builder.binary(Binary.GREATER_EQUAL if upper else Binary.LESS_EQUAL, offset, bound)
+    return [builder.where(keep, x, zero)]
 
 
 @importer("OneHot")
