@@ -150,10 +150,11 @@ def _clamp(em: Emitter, op: ops.Clamp, node: Node, args: list[str]) -> str:
     dtype = node.output.dtype
     lo, hi = op.lo, op.hi
     if dtype.is_int:
+        # Compare as Python ints: float(iinfo(int64).max) rounds up to 2**63, which wraps.
         info = np.iinfo(dtype.numpy)
-        lo = max(float(np.ceil(lo)), float(info.min))
-        hi = min(float(np.floor(hi)), float(info.max))
-        bounds = [em.scalar(int(lo), dtype), em.scalar(int(hi), dtype)]
+        low = int(info.min) if lo < info.min else max(int(np.ceil(lo)), int(info.min))
+        high = int(info.max) if hi > info.max else min(int(np.floor(hi)), int(info.max))
+        bounds = [em.scalar(low, dtype), em.scalar(high, dtype)]
     else:
         bounds = [
             em.scalar(lo, dtype) if np.isfinite(lo) else "",
@@ -162,8 +163,25 @@ def _clamp(em: Emitter, op: ops.Clamp, node: Node, args: list[str]) -> str:
     return em.op("Clip", [args[0], *bounds])
 
 
+# onnxruntime implements Where for few integer types (not bool, int16, uint16 or uint64): select
+# those through a type that holds every value exactly and cast back. uint64 goes through int64,
+# whose casts both ways keep the bits.
+_WHERE_CARRIERS = {
+    DType.BOOL: DType.U8,
+    DType.I16: DType.I32,
+    DType.U16: DType.I32,
+    DType.U64: DType.I64,
+}
+
+
 def _where(em: Emitter, op: ops.Where, node: Node, args: list[str]) -> str:
-    return em.op("Where", args)
+    dtype = node.output.dtype
+    carrier = _WHERE_CARRIERS.get(dtype)
+    if carrier is None:
+        return em.op("Where", args)
+    condition, x, y = args
+    wide = [em.op("Cast", [v], to=int(carrier)) for v in (x, y)]
+    return em.op("Cast", [em.op("Where", [condition, *wide])], to=int(dtype))
 
 
 _REDUCE_OPS = {

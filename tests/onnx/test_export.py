@@ -464,3 +464,41 @@ def test_unwritable_path_is_a_knopt_error(tmp_path: Path) -> None:
     graph = _unary_graph((2,), F32, lambda b, x: b.unary(Unary.EXP, x))
     with pytest.raises(KnoptError, match="cannot write"):
         save_onnx(graph, tmp_path / "missing" / "model.onnx")
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [DType.BOOL, DType.I16, DType.U16, DType.U64],
+    ids=lambda d: d.name,
+)
+def test_where_exports_for_types_onnxruntime_lacks(rng: np.random.Generator, dtype: DType) -> None:
+    # A causal bool mask (torch.triu of a bool tensor) imports as Where on bool data.
+    b = GraphBuilder("case")
+    condition = b.input("condition", (3, 4), DType.BOOL)
+    x = b.input("x", (3, 4), dtype)
+    y = b.input("y", (3, 4), dtype)
+    b.output(b.where(condition, x, y), "out")
+    graph = b.build()
+    feeds = {
+        "condition": rng.integers(0, 2, (3, 4)).astype(bool),
+        "x": random_array(rng, (3, 4), dtype),
+        "y": random_array(rng, (3, 4), dtype),
+    }
+    if dtype is DType.U64:  # values past int64's range keep their bits through the int64 carrier
+        feeds["x"] = feeds["x"] + np.uint64(2**63)
+    assert_same(run_onnxruntime(save_onnx(graph), feeds), run_knopt(graph, feeds))
+
+
+@pytest.mark.parametrize("dtype", [DType.I64, DType.I32, DType.U8], ids=lambda d: d.name)
+def test_integer_clamp_with_one_open_side_exports(rng: np.random.Generator, dtype: DType) -> None:
+    # tensor.clamp(min=0) on indices: the open side must not wrap to the type's other end.
+    b = GraphBuilder("case")
+    x = b.input("x", (6,), dtype)
+    b.output(b.clamp(x, lo=1.0), "low")
+    b.output(b.clamp(x, hi=3.5), "high")
+    graph = b.build()
+    feeds = {"x": np.array([0, 1, 2, 3, 4, 100], dtype.numpy)}
+    ours = run_knopt(graph, feeds)
+    assert ours[0].tolist() == [1, 1, 2, 3, 4, 100]
+    assert ours[1].tolist() == [0, 1, 2, 3, 3, 3]
+    assert_same(run_onnxruntime(save_onnx(graph), feeds), ours)
