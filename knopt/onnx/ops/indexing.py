@@ -38,12 +38,6 @@ def wrapped_indices(ctx: ImportContext, indices: Value, size: Dim) -> Value:
     return b.where(negative, b.add(idx, _size_value(ctx, size)), idx)
 
 
-def _static_shape(ctx: ImportContext, value: Value, what: str) -> tuple[int, ...]:
-    if not all(isinstance(d, int) for d in value.shape):
-        raise ctx.fail(f"{what} with symbolic sizes is not supported")
-    return tuple(int(d) for d in value.shape)  # type: ignore[arg-type]
-
-
 def _flat_element_indices(
     ctx: ImportContext, indices: Value, data_shape: Shape, axis: int
 ) -> Value:
@@ -99,33 +93,29 @@ def _nd_positions(ctx: ImportContext, data: Value, indices: Value, batch_dims: i
     """Flat positions of the slices that ONNX GatherND/ScatterND indices address.
 
     Returns int64 positions of shape `indices.shape[:-1]`, into `data` viewed as
-    `[prod(data.shape[:batch_dims + k]), *rest]`.
+    `[prod(data.shape[:batch_dims + k]), *rest]`. Only `k` (the last index axis) must be
+    static: strides come from `Sizes` and batch coordinates from `Iota`s, so symbolic sizes
+    (the index grids TorchScript exports for slice assignments) work.
     """
     b = ctx.builder
-    data_shape = _static_shape(ctx, data, "GatherND/ScatterND data")
-    index_shape = _static_shape(ctx, indices, "GatherND/ScatterND indices")
-    k = index_shape[-1]
-    addressed = data_shape[batch_dims : batch_dims + k]
-    strides = np.cumprod((1, *addressed[::-1]))[:-1][::-1]
-    position = None
+    k = indices.shape[-1]
+    if not isinstance(k, int):
+        raise ctx.fail("GatherND/ScatterND with a symbolic index depth is not supported")
+    outer = indices.shape[:-1]
+    addressed = data.shape[batch_dims : batch_dims + k]
+    position = b.scalar(0, DType.I64, outer)
     for i in range(k):
-        column = b.view(
-            b.slice(indices, axis=indices.rank - 1, start=i, stop=i + 1), index_shape[:-1]
-        )
-        term = b.mul(
-            wrapped_indices(ctx, column, addressed[i]), b.constant(np.array(strides[i], np.int64))
-        )
-        position = term if position is None else b.add(position, term)
-    if position is None:
-        position = b.constant(np.zeros(index_shape[:-1], np.int64))
-    if batch_dims:
-        per_batch = int(np.prod(addressed))
-        batch_index = np.indices(index_shape[:batch_dims]).reshape(batch_dims, -1)
-        batch_flat = np.ravel_multi_index(batch_index, index_shape[:batch_dims]).reshape(
-            index_shape[:batch_dims] + (1,) * (len(index_shape) - 1 - batch_dims)
-        )
-        offsets = np.asarray(batch_flat, dtype=np.int64) * per_batch
-        position = b.add(position, b.constant(offsets))
+        column = b.view(b.slice(indices, axis=indices.rank - 1, start=i, stop=i + 1), outer)
+        stride = _size_value(ctx, numel(addressed[i + 1 :]))
+        term = b.mul(wrapped_indices(ctx, column, addressed[i]), stride)
+        position = term if i == 0 else b.add(position, term)
+    # Batch coordinates count whole blocks of the addressed axes.
+    for d in range(batch_dims):
+        if outer[d] == 1:
+            continue  # a size-1 axis only ever has coordinate 0
+        grid = b.view(b.iota(outer[d]), tuple(outer[d] if i == d else 1 for i in range(len(outer))))
+        block = _size_value(ctx, numel(data.shape[d + 1 : batch_dims + k]))
+        position = b.add(position, b.mul(grid, block))
     return position
 
 
@@ -133,12 +123,10 @@ def _nd_positions(ctx: ImportContext, data: Value, indices: Value, batch_dims: i
 def _gather_nd(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     data, indices = ctx.inputs(node, count=2)
     batch_dims = ctx.attributes(node).int("batch_dims", 0)
-    data_shape = _static_shape(ctx, data, "GatherND")
-    k = _static_shape(ctx, indices, "GatherND")[-1]
-    rest = data_shape[batch_dims + k :]
-    b = ctx.builder
-    rows = b.view(data, (int(np.prod(data_shape[: batch_dims + k])), *rest))
     positions = _nd_positions(ctx, data, indices, batch_dims)
+    depth = batch_dims + int(indices.shape[-1])
+    b = ctx.builder
+    rows = b.view(data, (numel(data.shape[:depth]), *data.shape[depth:]))
     return [b.gather(rows, positions, axis=0)]
 
 
@@ -148,20 +136,17 @@ def _scatter_nd(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     reduction = ctx.attributes(node).string("reduction", "none")
     if reduction not in _REDUCTIONS:
         raise ctx.fail(f"ScatterND reduction '{reduction}' is not supported")
-    data_shape = _static_shape(ctx, data, "ScatterND")
-    index_shape = _static_shape(ctx, indices, "ScatterND")
-    k = index_shape[-1]
-    rest = data_shape[k:]
+    positions = _nd_positions(ctx, data, indices, 0)
+    k = int(indices.shape[-1])
     b = ctx.builder
-    count = int(np.prod(index_shape[:-1]))
-    width = int(np.prod(rest))
-    rows = b.view(data, (int(np.prod(data_shape[:k])), width))
-    positions = b.view(_nd_positions(ctx, data, indices, 0), (count, 1))
+    count = numel(indices.shape[:-1])
+    width = numel(data.shape[k:])
+    rows = b.view(data, (numel(data.shape[:k]), width))
     # Scatter every element of each addressed row: indices repeat the row along the width.
-    row_indices = b.broadcast(positions, (count, width))
+    row_indices = b.broadcast(b.view(positions, (count, 1)), (count, width))
     flat_updates = b.view(updates, (count, width))
     result = b.scatter(rows, row_indices, flat_updates, axis=0, reduction=_REDUCTIONS[reduction])
-    return [b.view(result, data_shape)]
+    return [b.view(result, data.shape)]
 
 
 @importer("ReverseSequence", since=10)

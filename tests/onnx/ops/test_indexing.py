@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import pytest
 from onnx import TensorProto, helper
 
 import knopt
@@ -52,3 +54,58 @@ def test_reverse_sequence_reverses_each_sequence_within_its_length(
         time_axis=0,
     )
     assert_matches(model, {"x": x, "lengths": lengths}, rtol=0, atol=0)
+
+
+def _symbolic_model(node: onnx.NodeProto, inputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+    out = helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None)
+    graph = helper.make_graph([node], node.op_type.lower(), inputs, [out])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+
+
+def test_scatter_nd_with_symbolic_sizes_matches_onnxruntime(rng: np.random.Generator) -> None:
+    # TorchScript exports slice assignment (`shifted[:, 1:] = ids[:, :-1]`, BART's
+    # shift_tokens_right) as ScatterND over index grids of the dynamic batch and sequence.
+    node = helper.make_node("ScatterND", ["data", "index", "updates"], ["y"])
+    model = _symbolic_model(
+        node,
+        [
+            helper.make_tensor_value_info("data", TensorProto.FLOAT, ["batch", "seq", 3]),
+            helper.make_tensor_value_info("index", TensorProto.INT64, ["batch", "n", 2]),
+            helper.make_tensor_value_info("updates", TensorProto.FLOAT, ["batch", "n", 3]),
+        ],
+    )
+    session = knopt.compile(model.SerializeToString())
+    for batch, seq, n in ((1, 4, 2), (3, 6, 5)):
+        # Distinct (row, position) pairs, some written with negative positions.
+        rows = np.repeat(np.arange(batch), n).reshape(batch, n)
+        cols = np.stack([rng.permutation(seq)[:n] for _ in range(batch)]) - seq * (rows % 2)
+        feeds = {
+            "data": rng.uniform(-1, 1, (batch, seq, 3)).astype(np.float32),
+            "index": np.stack([rows, cols], axis=-1).astype(np.int64),
+            "updates": rng.uniform(-1, 1, (batch, n, 3)).astype(np.float32),
+        }
+        (ours,) = session.run(None, feeds)
+        np.testing.assert_array_equal(ours, run_onnxruntime(model, feeds)[0])
+
+
+@pytest.mark.parametrize("batch_dims", [0, 1])
+def test_gather_nd_with_symbolic_sizes_matches_onnxruntime(
+    rng: np.random.Generator, batch_dims: int
+) -> None:
+    node = helper.make_node("GatherND", ["data", "index"], ["y"], batch_dims=batch_dims)
+    model = _symbolic_model(
+        node,
+        [
+            helper.make_tensor_value_info("data", TensorProto.FLOAT, ["batch", "seq", 3]),
+            helper.make_tensor_value_info("index", TensorProto.INT64, ["batch", "n", 1]),
+        ],
+    )
+    session = knopt.compile(model.SerializeToString())
+    for batch, seq, n in ((1, 4, 2), (3, 6, 5)):
+        bound = seq if batch_dims else batch
+        feeds = {
+            "data": rng.uniform(-1, 1, (batch, seq, 3)).astype(np.float32),
+            "index": rng.integers(-bound, bound, (batch, n, 1)).astype(np.int64),
+        }
+        (ours,) = session.run(None, feeds)
+        np.testing.assert_array_equal(ours, run_onnxruntime(model, feeds)[0])
