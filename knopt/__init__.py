@@ -24,10 +24,11 @@ from knopt.errors import (
     KnoptError,
     OptimizeError,
     RuleFileError,
+    SymbolicSizeError,
     UnsupportedModelError,
 )
 from knopt.ir.graph import Graph
-from knopt.session import Session
+from knopt.session import PerSizeSession, Session
 
 if TYPE_CHECKING:
     from onnx import ModelProto
@@ -109,7 +110,18 @@ def compile(
     Raises:
         KnoptError: If loading fails or the device is not available.
     """
-    graph = model if isinstance(model, Graph) else load(model)
+    if isinstance(model, Graph):
+        return Session(model, device, precision=precision, optimize=optimize, profile=profile)
+    from knopt.onnx import import_model, load_model
+
+    proto = load_model(model)
+    try:
+        graph = import_model(proto)
+    except SymbolicSizeError:
+        # Only fixed sizes import (an RNN over a dynamic sequence, ...): import at each run.
+        return PerSizeSession(
+            proto, device, precision=precision, optimize=optimize, profile=profile
+        )
     return Session(graph, device, precision=precision, optimize=optimize, profile=profile)
 
 
@@ -124,6 +136,7 @@ __all__ = [
     "OptimizeError",
     "RuleFileError",
     "Session",
+    "SymbolicSizeError",
     "UnsupportedModelError",
     "compile",
     "load",

@@ -22,6 +22,18 @@ class InvalidGraphError(KnoptError):
     """An IR graph breaks an invariant: a cycle, a dangling value, a shape that cannot be."""
 
 
+class SymbolicSizeError(UnsupportedModelError):
+    """A step needs a static size where the model has a symbolic one (a dynamic axis).
+
+    Loading with the sizes fixed (`dims=`) avoids it; `knopt.compile` does that by itself,
+    importing such a model once per set of input sizes.
+    """
+
+
+class SymbolicBroadcastError(SymbolicSizeError, InvalidGraphError):
+    """Different symbolic sizes meet where they must be equal (or 1), and nothing says they are."""
+
+
 class InputError(KnoptError):
     """The inputs given to a session do not match the model (names, shapes, dtypes)."""
 

@@ -14,6 +14,8 @@ from knopt.ir.bind import bind_symbols, infer_sizes
 from knopt.ir.graph import Graph
 
 if TYPE_CHECKING:
+    from onnx import ModelProto
+
     from knopt.opt.cost import DeviceProfile
 
 DEVICES = ("cpu", "cuda", "best")
@@ -51,6 +53,18 @@ class Session:
         optimize: bool | None = None,
         profile: str | os.PathLike[str] | DeviceProfile | None = None,
     ) -> None:
+        self.graph = graph
+        self._symbolic = bool(graph.symbols())
+        self._prepare(device, precision, optimize, profile)
+
+    def _prepare(
+        self,
+        device: str,
+        precision: str,
+        optimize: bool | None,
+        profile: str | os.PathLike[str] | DeviceProfile | None,
+    ) -> None:
+        """Set up the device, the caches and the optimizer options (everything but the graph)."""
         if device not in DEVICES:
             raise KnoptError(f"device '{device}' is unknown (use {', '.join(DEVICES)})")
         if device != "cpu":
@@ -65,7 +79,6 @@ class Session:
                 )
             else:
                 device = "cpu"
-        self.graph = graph
         self.device = device
         self.precision = precision
         self._bound: dict[tuple[tuple[str, int], ...], Graph] = {}
@@ -74,7 +87,6 @@ class Session:
             from knopt.cuda.runner import CudaRunner
 
             self._cuda = CudaRunner(precision)
-        self._symbolic = bool(graph.symbols())
         self.optimize = device == "cuda" if optimize is None else optimize
         self._optimized: dict[int, Any] = {}
         self.profile: str | os.PathLike[str] | DeviceProfile = profile or (
@@ -158,3 +170,56 @@ class Session:
         if key not in self._bound:
             self._bound[key] = bind_symbols(self.graph, sizes)
         return self._bound[key]
+
+
+class PerSizeSession(Session):
+    """A model imported once per set of input sizes, for models that only import with fixed sizes.
+
+    `knopt.compile` makes one when importing with symbolic sizes raises `SymbolicSizeError`:
+    an LSTM unrolled over a dynamic sequence, or two dynamic axes that the exporter named
+    apart but that meet where they must be equal. Each run fixes the sizes from the actual
+    inputs and imports the model with them (once per distinct set), so it runs wherever a
+    static export of it would. `graph` is the graph of the latest run's sizes.
+
+    Args:
+        model: The ONNX model.
+        device, precision, optimize, profile: As for `Session`.
+
+    Raises:
+        KnoptError: If the device or precision is unknown, or "cuda" has no usable GPU.
+    """
+
+    def __init__(
+        self,
+        model: ModelProto,
+        device: str = "cpu",
+        *,
+        precision: str = "f32",
+        optimize: bool | None = None,
+        profile: str | os.PathLike[str] | DeviceProfile | None = None,
+    ) -> None:
+        initializers = {t.name for t in model.graph.initializer}
+        self.model = model
+        self._input_names = [i.name for i in model.graph.input if i.name not in initializers]
+        self._output_names = [o.name for o in model.graph.output]
+        self._prepare(device, precision, optimize, profile)
+
+    @property
+    def input_names(self) -> list[str]:
+        """The model's input names, in order."""
+        return self._input_names
+
+    @property
+    def output_names(self) -> list[str]:
+        """The model's output names, in order."""
+        return self._output_names
+
+    def _graph_for(self, shapes: Mapping[str, Sequence[int]]) -> Graph:
+        from knopt.onnx.load import import_model, input_sizes
+
+        sizes = input_sizes(self.model, {name: tuple(s) for name, s in shapes.items()})
+        key = tuple(sorted(sizes.items()))
+        if key not in self._bound:
+            self._bound[key] = import_model(self.model, sizes)
+        self.graph = self._bound[key]
+        return self.graph

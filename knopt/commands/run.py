@@ -50,9 +50,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the model and write or print its outputs."""
-    session = knopt.compile(
-        knopt.load(args.model, parse_dims(args.dims)), args.device, precision=args.precision
-    )
+    dims = parse_dims(args.dims)
+    # Without sizes, compile from the file: a model that imports only with fixed sizes then
+    # imports once per input shape.
+    model = knopt.load(args.model, dims) if dims else args.model
+    session = knopt.compile(model, args.device, precision=args.precision)
     feeds = _read_inputs(Path(args.inputs))
     missing = [name for name in session.input_names if name not in feeds]
     if missing:

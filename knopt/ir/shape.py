@@ -13,7 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from knopt.errors import InvalidGraphError, UnsupportedModelError
+from knopt.errors import (
+    InvalidGraphError,
+    SymbolicBroadcastError,
+    SymbolicSizeError,
+    UnsupportedModelError,
+)
 
 Monomial: TypeAlias = tuple[str, ...]  # sorted symbol names, repeated for powers; () is 1
 
@@ -162,7 +167,7 @@ def exact_div(a: Dim, b: Dim) -> Dim:
             break
         else:
             return Sym._make(quotient)
-    raise UnsupportedModelError(
+    raise SymbolicSizeError(
         f"size ({a}) / ({b}) is not exact; fix the symbolic sizes when loading "
         f"(for example dims={{'batch': 1}})"
     )
@@ -212,11 +217,20 @@ def broadcast_shapes(a: Shape, b: Shape, where: str) -> Shape:
             out.append(da)
         elif da == 1:
             out.append(db)
-        else:
+        elif isinstance(da, int) and isinstance(db, int):
             raise InvalidGraphError(
                 f"{where}: shapes {format_shape(a)} and {format_shape(b)} cannot broadcast "
                 f"(dimension {da} against {db}); each axis must match or be 1, so check the "
                 "input shapes and the sizes given when loading"
+            )
+        else:
+            # Different names for what is (at run time) usually the same size, as exporters
+            # write them: only the sizes of an actual run can say.
+            raise SymbolicBroadcastError(
+                f"{where}: shapes {format_shape(a)} and {format_shape(b)} cannot broadcast "
+                f"(dimension {da} against {db}); each axis must match or be 1, so check the "
+                "input shapes and the sizes given when loading: if these sizes are equal, "
+                "fix them with dims=... (or --dims NAME=SIZE)"
             )
     return tuple(out)
 

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from knopt.errors import UnsupportedModelError
+from knopt.errors import SymbolicSizeError, UnsupportedModelError
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
@@ -240,6 +240,12 @@ class ImportContext:
     def fail(self, message: str) -> UnsupportedModelError:
         """An error about the node being imported, naming it."""
         return UnsupportedModelError(f"{self.where}: {message}")
+
+    def fail_symbolic(self, message: str) -> SymbolicSizeError:
+        """An error about the node being imported that fixed input sizes would avoid."""
+        return SymbolicSizeError(
+            f"{self.where}: {message}; fix the sizes when loading (dims=..., or --dims NAME=SIZE)"
+        )
 
     def needs_known(self, name: str, what: str) -> KnownValueRequired:
         """An error saying that the ONNX value `name` (`what`) must be known when loading."""

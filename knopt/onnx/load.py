@@ -15,7 +15,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from knopt.errors import InvalidGraphError, InvalidModelError, UnsupportedModelError
+from knopt.errors import InputError, InvalidGraphError, InvalidModelError, UnsupportedModelError
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Value
@@ -228,7 +228,7 @@ def _graph_input(
                 raise InvalidGraphError(f"{where}: dimension {axis} is negative")
             shape.append(int(dim.dim_value))
         else:
-            name = dim.dim_param or f"{info.name}_dim{axis}"
+            name = _dim_name(info, axis)
             shape.append(dims[name] if name in dims else sym(name))
     count = numel(shape)
     if isinstance(count, int) and count > MAX_ELEMENTS:
@@ -237,6 +237,39 @@ def _graph_input(
             "fix its declared shape"
         )
     return builder.input(info.name, tuple(shape), dtype)
+
+
+def _dim_name(info: onnx.ValueInfoProto, axis: int) -> str:
+    """The symbol of a graph input axis without a fixed size (unnamed ones get a name)."""
+    return info.type.tensor_type.shape.dim[axis].dim_param or f"{info.name}_dim{axis}"
+
+
+def input_sizes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """The value of every symbolic input size of `model`, read off actual input shapes.
+
+    Raises:
+        InputError: If an input is missing or has the wrong rank, or two inputs disagree on
+            the value of one size.
+    """
+    initializers = {t.name for t in model.graph.initializer}
+    sizes: dict[str, int] = {}
+    for info in model.graph.input:
+        if info.name in initializers or not info.type.tensor_type.HasField("shape"):
+            continue
+        dims = info.type.tensor_type.shape.dim
+        if info.name not in shapes or len(shapes[info.name]) != len(dims):
+            got = list(shapes[info.name]) if info.name in shapes else "nothing"
+            raise InputError(f"input '{info.name}': got {got}, expected rank {len(dims)}")
+        for axis, dim in enumerate(dims):
+            if dim.HasField("dim_value"):
+                continue
+            name, size = _dim_name(info, axis), int(shapes[info.name][axis])
+            if sizes.setdefault(name, size) != size:
+                raise InputError(
+                    f"input '{info.name}': size '{name}' is {size} here but {sizes[name]} "
+                    "in another input"
+                )
+    return sizes
 
 
 def import_nodes(ctx: ImportContext, nodes: list[onnx.NodeProto]) -> None:

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from knopt.errors import InvalidGraphError, UnsupportedModelError
+from knopt.errors import InvalidGraphError, SymbolicBroadcastError, UnsupportedModelError
 from knopt.ir.shape import (
     Sym,
     bind,
@@ -161,3 +161,12 @@ def test_normalize_axis_wraps_negative_axes(axis: int, rank: int, expected: int)
 def test_normalize_axis_refuses_out_of_range(axis: int, rank: int) -> None:
     with pytest.raises(InvalidGraphError, match="here: axis"):
         normalize_axis(axis, rank, "here")
+
+
+def test_broadcast_of_differently_named_sizes_asks_to_fix_them() -> None:
+    # Still an InvalidGraphError, but one that fixed sizes (dims=...) can avoid.
+    with pytest.raises(SymbolicBroadcastError, match=r"node 'add'.*seq.*dims="):
+        broadcast_shapes((BATCH, SEQ), (BATCH, sym("other")), "node 'add'")
+    with pytest.raises(InvalidGraphError) as info:
+        broadcast_shapes((2, 3), (4,), "node 'add'")
+    assert not isinstance(info.value, SymbolicBroadcastError)

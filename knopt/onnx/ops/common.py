@@ -82,8 +82,8 @@ def static_dim(ctx: ImportContext, dim: Dim, what: str) -> int:
     """`dim` as an integer.
 
     Raises:
-        UnsupportedModelError: If it is symbolic: `what` needs a static size.
+        SymbolicSizeError: If it is symbolic: `what` needs a static size.
     """
     if not isinstance(dim, int):
-        raise ctx.fail(f"{what} needs a static size, got {dim}; fix it when loading (dims=...)")
+        raise ctx.fail_symbolic(f"{what} needs a static size, got {dim}")
     return dim

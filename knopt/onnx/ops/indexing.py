@@ -11,7 +11,7 @@ from knopt.ir.graph import Value
 from knopt.ir.op import Binary, ScatterReduction
 from knopt.ir.shape import Dim, Shape, numel
 from knopt.onnx.context import ImportContext, OnnxValue, importer
-from knopt.onnx.ops.common import axis_of
+from knopt.onnx.ops.common import axis_of, static_dim
 
 _REDUCTIONS = {
     "none": ScatterReduction.NONE,
@@ -98,9 +98,7 @@ def _nd_positions(ctx: ImportContext, data: Value, indices: Value, batch_dims: i
     (the index grids TorchScript exports for slice assignments) work.
     """
     b = ctx.builder
-    k = indices.shape[-1]
-    if not isinstance(k, int):
-        raise ctx.fail("GatherND/ScatterND with a symbolic index depth is not supported")
+    k = static_dim(ctx, indices.shape[-1], "GatherND/ScatterND index depth")
     outer = indices.shape[:-1]
     addressed = data.shape[batch_dims : batch_dims + k]
     position = b.scalar(0, DType.I64, outer)
@@ -124,7 +122,7 @@ def _gather_nd(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     data, indices = ctx.inputs(node, count=2)
     batch_dims = ctx.attributes(node).int("batch_dims", 0)
     positions = _nd_positions(ctx, data, indices, batch_dims)
-    depth = batch_dims + int(indices.shape[-1])
+    depth = batch_dims + static_dim(ctx, indices.shape[-1], "GatherND index depth")
     b = ctx.builder
     rows = b.view(data, (numel(data.shape[:depth]), *data.shape[depth:]))
     return [b.gather(rows, positions, axis=0)]
@@ -137,7 +135,7 @@ def _scatter_nd(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     if reduction not in _REDUCTIONS:
         raise ctx.fail(f"ScatterND reduction '{reduction}' is not supported")
     positions = _nd_positions(ctx, data, indices, 0)
-    k = int(indices.shape[-1])
+    k = static_dim(ctx, indices.shape[-1], "ScatterND index depth")
     b = ctx.builder
     count = numel(indices.shape[:-1])
     width = numel(data.shape[k:])

@@ -46,7 +46,7 @@ def window_attributes(
         for i in range(spatial):
             size = x.shape[2 + i]
             if not isinstance(size, int):
-                raise ctx.fail("auto_pad SAME on a symbolic spatial size is not supported")
+                raise ctx.fail_symbolic("auto_pad SAME on a symbolic spatial size is not supported")
             out = -(-size // strides[i])
             total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - size)
             small, large = total // 2, total - total // 2
@@ -133,7 +133,9 @@ def _transpose_pads(
     for i in range(spatial):
         size = x.shape[2 + i]
         if not isinstance(size, int):
-            raise ctx.fail("ConvTranspose output_shape/auto_pad on symbolic sizes is unsupported")
+            raise ctx.fail_symbolic(
+                "ConvTranspose output_shape/auto_pad on symbolic sizes is unsupported"
+            )
         target = output_shape[-spatial + i] if output_shape else size * strides[i]
         total = strides[i] * (size - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1
         total -= target
@@ -226,7 +228,7 @@ def mean(ctx: ImportContext, x: Value, axes: list[int]) -> Value:
     total = b.reduce(Reduction.SUM, x, axes=axes)
     count = numel([x.shape[a] for a in axes])
     if not isinstance(count, int):
-        raise ctx.fail("a mean over symbolic sizes is not supported")
+        raise ctx.fail_symbolic("a mean over symbolic sizes is not supported")
     return b.div(total, scalar_like(ctx, x, count)) if axes else x
 
 

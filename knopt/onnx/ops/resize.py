@@ -239,7 +239,9 @@ def resize(ctx: ImportContext, x: Value, interp: Interpolation, target: Target) 
         if math.isclose(scale, 1.0) and out_size == in_size and roi == (0.0, 1.0):
             continue  # the reference skips identity axes too, whatever the coordinate mode
         if not isinstance(in_size, int) or not isinstance(out_size, int):
-            raise ctx.fail(f"resizing axis {axis} of symbolic size {in_size} is not supported")
+            raise ctx.fail_symbolic(
+                f"resizing axis {axis} of symbolic size {in_size} is not supported"
+            )
         plans.append((axis, axis_taps(interp, in_size, out_size, scale, roi)))
     exact = all(is_one_hot(taps) for _, taps in plans)
     work = x if exact else ctx.builder.cast(x, _compute_dtype(x.dtype))

@@ -195,7 +195,7 @@ def _rnn(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         (f,) = layer.activations[d]
         h = _initial(ctx, h0, d, x, layer.hidden)
         steps = []
-        for t in _order(x, backwards):
+        for t in _order(ctx, x, backwards):
             gates = b.add(_pick(ctx, projected, t), b.matmul(h, recurrent))
             gates = gates if rb is None else b.add(gates, rb)
             h = f(_clip(ctx, layer, gates))
@@ -205,9 +205,12 @@ def _rnn(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     return _outputs(ctx, attrs, ys, [finals])
 
 
-def _order(x: Value, backwards: bool) -> range:
+def _order(ctx: ImportContext, x: Value, backwards: bool) -> range:
     steps = x.shape[0]
-    assert isinstance(steps, int), "recurrent layers unroll over a static sequence length"
+    if not isinstance(steps, int):
+        raise ctx.fail_symbolic(
+            f"recurrent layers unroll over the sequence, whose length {steps} is symbolic"
+        )
     return range(steps - 1, -1, -1) if backwards else range(steps)
 
 
@@ -228,7 +231,7 @@ def _gru(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         f, g = layer.activations[d]
         h = _initial(ctx, h0, d, x, n)
         steps = []
-        for t in _order(x, backwards):
+        for t in _order(ctx, x, backwards):
             xw = _pick(ctx, projected, t)
             hr = b.matmul(h, recurrent) if before_reset else None
             if hr is not None and rb is not None:
@@ -280,7 +283,7 @@ def _lstm(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         p = None if peepholes is None else _pick(ctx, peepholes, d)
         h, c = _initial(ctx, h0, d, x, n), _initial(ctx, c0, d, x, n)
         steps = []
-        for t in _order(x, backwards):
+        for t in _order(ctx, x, backwards):
             gates = b.add(_pick(ctx, projected, t), b.matmul(h, recurrent))
             gates = gates if rb is None else b.add(gates, rb)
             i_in, o_in, f_in = (_part(ctx, gates, k, n) for k in range(3))

@@ -103,7 +103,7 @@ def _dft(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     if known_length is not None:
         length = int(known_length.reshape(-1)[0])
     elif not isinstance(size, int):
-        raise ctx.fail("a DFT over a symbolic length needs dft_length")
+        raise ctx.fail_symbolic("a DFT over a symbolic length needs dft_length")
     else:
         length = 2 * (size - 1) if inverse and onesided else size
     return [dft(ctx, x, axis, length, inverse, onesided)]

@@ -170,7 +170,9 @@ def _squeeze(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     axes = _axes_input_or_attribute(ctx, node, since=13)
     if axes is None:
         if any(not isinstance(d, int) for d in x.shape):
-            raise ctx.fail("Squeeze without axes on a tensor with symbolic sizes is ambiguous")
+            raise ctx.fail_symbolic(
+                "Squeeze without axes on a tensor with symbolic sizes is ambiguous"
+            )
         axes = [i for i, d in enumerate(x.shape) if d == 1]
     axes = axes_of(ctx, axes, x.rank)
     for a in axes:
@@ -292,7 +294,9 @@ def slice_axis(ctx: ImportContext, x: Value, axis: int, start: Dim, end: Dim, st
             hi = lo
         return builder.slice(x, axis=axis, start=lo, stop=hi, step=step)
     if not isinstance(dim, int):
-        raise ctx.fail("Slice with a negative step on a symbolic dimension is not supported")
+        raise ctx.fail_symbolic(
+            "Slice with a negative step on a symbolic dimension is not supported"
+        )
     lo = _clamp_index(start, dim, 0, -1)
     hi = _clamp_index(end, dim, -1, -1)
     assert isinstance(lo, int) and isinstance(hi, int)
@@ -404,7 +408,7 @@ def _range(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         values = (s + np.arange(count) * d).astype(dtype.numpy)
         return [Known(values, dtype)]
     if d != 1 or isinstance(s, Sym):
-        raise ctx.fail("Range over symbolic sizes needs a constant start and delta 1")
+        raise ctx.fail_symbolic("Range over symbolic sizes needs a constant start and delta 1")
     builder = ctx.builder
     iota = builder.iota(lim - s, dtype)
     return [builder.add(iota, builder.constant(np.array(s, dtype.numpy))) if s else iota]
@@ -424,9 +428,9 @@ def _trilu(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         keep = builder.constant((j - i >= k) if upper else (j - i <= k))
         return [builder.where(keep, x, zero)]
     # Symbolic sizes (a causal mask over the sequence): compare column - row with k at run time.
-    i = builder.view(builder.iota(rows), (rows, 1))
-    j = builder.view(builder.iota(cols), (1, cols))
-    offset = builder.sub(j, i)
+    row = builder.view(builder.iota(rows), (rows, 1))
+    column = builder.view(builder.iota(cols), (1, cols))
+    offset = builder.sub(column, row)
     bound = builder.constant(np.array(k, np.int64))
     keep = builder.binary(Binary.GREATER_EQUAL if upper else Binary.LESS_EQUAL, offset, bound)
     return [builder.where(keep, x, zero)]
@@ -502,5 +506,5 @@ def _eye_like(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     dtype = DType.from_onnx(attrs.int("dtype"), ctx.where) if attrs.has("dtype") else x.dtype
     rows, cols = x.shape
     if not isinstance(rows, int) or not isinstance(cols, int):
-        raise ctx.fail("EyeLike on symbolic sizes is not supported")
+        raise ctx.fail_symbolic("EyeLike on symbolic sizes is not supported")
     return [ctx.builder.constant(np.eye(rows, cols, k, dtype=dtype.numpy))]

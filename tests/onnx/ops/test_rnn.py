@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
+import knopt
+from knopt.errors import SymbolicSizeError
 from tests.onnx.ops.node_models import assert_matches, node_model
+from tests.oracle import run_onnxruntime
 
 SEQ, BATCH, INPUT, HIDDEN = 4, 2, 3, 5
 
@@ -115,3 +119,32 @@ def test_rnn_with_custom_activation_matches_onnxruntime(rng: np.random.Generator
         activation_alpha=[0.2],
     )
     assert_matches(model, {"X": x}, rtol=1e-4, atol=1e-5)
+
+
+def test_lstm_over_a_dynamic_sequence_imports_per_length(rng: np.random.Generator) -> None:
+    # TorchScript exports nn.LSTM with a dynamic sequence axis; unrolling needs its length, so
+    # loading asks for it and knopt.compile imports once per input length.
+    weights = _weights(rng, 4, 2)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", "batch", INPUT])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)
+    node = helper.make_node(
+        "LSTM",
+        ["x", "W", "R", "B"],
+        ["Y"],
+        name="lstm",
+        hidden_size=HIDDEN,
+        direction="bidirectional",
+    )
+    initializers = [numpy_helper.from_array(a, n) for n, a in weights.items()]
+    graph = helper.make_graph([node], "lstm", [x], [y], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    data = model.SerializeToString()
+    with pytest.raises(SymbolicSizeError, match=r"node 'lstm'.*seq.*dims="):
+        knopt.load(data)
+    session = knopt.compile(data)
+    for seq, batch in ((5, 1), (3, 2), (5, 1)):
+        feeds = {"x": rng.uniform(-1, 1, (seq, batch, INPUT)).astype(np.float32)}
+        (ours,) = session.run(None, feeds)
+        np.testing.assert_allclose(ours, run_onnxruntime(model, feeds)[0], rtol=1e-5, atol=1e-6)
+    (fixed,) = knopt.compile(knopt.load(data, {"seq": 5})).run(None, feeds)
+    np.testing.assert_array_equal(fixed, ours)
