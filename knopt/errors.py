@@ -31,7 +31,15 @@ class SymbolicSizeError(UnsupportedModelError):
 
 
 class SymbolicBroadcastError(SymbolicSizeError, InvalidGraphError):
-    """Different symbolic sizes meet where they must be equal (or 1), and nothing says they are."""
+    """Different symbolic sizes meet where they must be equal (or 1), and nothing says they are.
+
+    Attributes:
+        names: The two sizes' symbol names, where both are plain symbols (else None).
+    """
+
+    def __init__(self, message: str, names: tuple[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.names = names
 
 
 class InputError(KnoptError):

@@ -230,9 +230,16 @@ def broadcast_shapes(a: Shape, b: Shape, where: str) -> Shape:
                 f"{where}: shapes {format_shape(a)} and {format_shape(b)} cannot broadcast "
                 f"(dimension {da} against {db}); each axis must match or be 1, so check the "
                 "input shapes and the sizes given when loading: if these sizes are equal, "
-                "fix them with dims=... (or --dims NAME=SIZE)"
+                "fix them with dims=... (or --dims NAME=SIZE)",
+                _symbol_pair(da, db),
             )
     return tuple(out)
+
+
+def _symbol_pair(a: Dim, b: Dim) -> tuple[str, str] | None:
+    first = a.as_symbol() if isinstance(a, Sym) else None
+    second = b.as_symbol() if isinstance(b, Sym) else None
+    return (first, second) if first is not None and second is not None else None
 
 
 def normalize_axis(axis: int, rank: int, where: str) -> int:

@@ -67,6 +67,10 @@ class KnownValueRequired(UnsupportedModelError):
         self.value_name = value_name
 
 
+class SizeComputationRequired(KnownValueRequired, SymbolicSizeError):
+    """A value needed at import time is computed from input sizes that are symbolic."""
+
+
 OnnxValue: TypeAlias = Value | Known
 Importer: TypeAlias = Callable[["ImportContext", onnx.NodeProto], Sequence[OnnxValue | None]]
 Folder: TypeAlias = Callable[

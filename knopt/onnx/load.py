@@ -15,14 +15,28 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from knopt.errors import InputError, InvalidGraphError, InvalidModelError, UnsupportedModelError
+from knopt.errors import (
+    InputError,
+    InvalidGraphError,
+    InvalidModelError,
+    SymbolicBroadcastError,
+    UnsupportedModelError,
+)
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Value
 from knopt.ir.shape import Dim, numel, sym
 from knopt.ir.validate import MAX_ELEMENTS, validate
 from knopt.onnx import ops as _ops  # noqa: F401  (registers the importers)
-from knopt.onnx.context import Attributes, ImportContext, Known, OnnxValue, find_importer
+from knopt.onnx.context import (
+    Attributes,
+    ImportContext,
+    Known,
+    KnownValueRequired,
+    OnnxValue,
+    SizeComputationRequired,
+    find_importer,
+)
 from knopt.onnx.fold import fold_node
 from knopt.onnx.order import undefined_input_error
 
@@ -143,6 +157,11 @@ def import_model(
 ) -> Graph:
     """Convert an ONNX model into a validated IR graph.
 
+    Input sizes that the exporter named apart (one name per input and axis, as TorchScript's
+    list-form `dynamic_axes` and dynamo's `Dim.AUTO` write them) but that the model
+    broadcasts against each other are taken to be one size: each input keeps the name of
+    the first input that has it, and a run whose inputs disagree is refused (`InputError`).
+
     Args:
         model: The model, as returned by `load_model`.
         dims: Values for symbolic input dimensions, by name; the rest stay symbolic.
@@ -151,8 +170,49 @@ def import_model(
 
     Raises:
         UnsupportedModelError: If the model uses an op, attribute or type knopt lacks.
+        SymbolicSizeError: If a step needs a size fixed (pass it in `dims`).
         InvalidGraphError: If the graph is malformed (a cycle, a dangling input, bad shapes).
     """
+    order = {name: i for i, name in enumerate(_input_symbols(model))}
+    same: dict[str, Dim] = {}
+    while True:
+        try:
+            return _import_model(model, {**same, **(dims or {})}, known_inputs)
+        except KnownValueRequired as err:
+            if isinstance(err, SizeComputationRequired) or not is_computed_from_sizes(
+                model, err.value_name
+            ):
+                raise
+            raise SizeComputationRequired(
+                f"{err}; it is computed from symbolic input sizes: fix them when loading "
+                "(dims=..., or --dims NAME=SIZE)",
+                err.value_name,
+            ) from err
+        except SymbolicBroadcastError as err:
+            names = err.names
+            if names is None or not all(n in order for n in names) or names[0] == names[1]:
+                raise
+            keep, rename = sorted(names, key=order.__getitem__)
+            same = {k: sym(keep) if v == sym(rename) else v for k, v in same.items()}
+            same[rename] = sym(keep)
+
+
+def _input_symbols(model: onnx.ModelProto) -> list[str]:
+    """The names of the symbolic input sizes, in order of first appearance."""
+    names: dict[str, None] = {}
+    for info in model.graph.input:
+        if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
+            for axis, dim in enumerate(info.type.tensor_type.shape.dim):
+                if not dim.HasField("dim_value"):
+                    names.setdefault(_dim_name(info, axis))
+    return list(names)
+
+
+def _import_model(
+    model: onnx.ModelProto,
+    dims: Mapping[str, Dim],
+    known_inputs: Mapping[str, np.ndarray] | None,
+) -> Graph:
     graph = model.graph
     builder = GraphBuilder(graph.name)
     ctx = ImportContext(builder, default_opset(model))
@@ -166,7 +226,7 @@ def import_model(
         if info.name in known_inputs:
             ctx.env[info.name] = _known_input(info, known_inputs[info.name])
         elif info.name not in initializer_names:
-            ctx.env[info.name] = _graph_input(builder, info, dims or {})
+            ctx.env[info.name] = _graph_input(builder, info, dims)
     import_nodes(ctx, graph.node)
     for info in graph.output:
         if info.name not in ctx.env:
@@ -212,7 +272,7 @@ def _known_input(info: onnx.ValueInfoProto, array: np.ndarray) -> Known:
 
 
 def _graph_input(
-    builder: GraphBuilder, info: onnx.ValueInfoProto, dims: Mapping[str, int]
+    builder: GraphBuilder, info: onnx.ValueInfoProto, dims: Mapping[str, Dim]
 ) -> Value:
     where = f"graph input '{info.name}'"
     if not info.type.HasField("tensor_type"):
@@ -270,6 +330,35 @@ def input_sizes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -
                     "in another input"
                 )
     return sizes
+
+
+def is_computed_from_sizes(model: onnx.ModelProto, name: str) -> bool:
+    """Whether the value `name` reads the graph inputs only through their shapes.
+
+    Such a value (a Reshape target from `min(seq, 64)`, say) is known once the input sizes
+    are fixed, even where symbolic shape arithmetic cannot follow it.
+    """
+    producers = {out: node for node in model.graph.node for out in node.output if out}
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = {i.name for i in model.graph.input} - initializers
+    if name not in producers and name not in inputs:
+        return False  # local to a function or a subgraph: assume the worst
+    seen: set[str] = set()
+    stack = [name]
+    while stack:
+        current = stack.pop()
+        if current in seen or not current:
+            continue
+        seen.add(current)
+        if current in inputs:
+            return False
+        node = producers.get(current)
+        if node is None or node.op_type in ("Shape", "Size"):
+            continue
+        if any(a.HasField("g") or a.graphs for a in node.attribute):
+            return False  # a subgraph may read anything of the enclosing graph
+        stack.extend(node.input)
+    return True
 
 
 def import_nodes(ctx: ImportContext, nodes: list[onnx.NodeProto]) -> None:
