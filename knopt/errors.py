@@ -27,19 +27,18 @@ class SymbolicSizeError(UnsupportedModelError):
 
     Loading with the sizes fixed (`dims=`) avoids it; `knopt.compile` does that by itself,
     importing such a model once per set of input sizes.
+
+    Attributes:
+        same: Pairs of symbol names any of which, were its two sizes one, would avoid it.
     """
+
+    def __init__(self, message: str, same: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.same = same
 
 
 class SymbolicBroadcastError(SymbolicSizeError, InvalidGraphError):
-    """Different symbolic sizes meet where they must be equal (or 1), and nothing says they are.
-
-    Attributes:
-        names: The two sizes' symbol names, where both are plain symbols (else None).
-    """
-
-    def __init__(self, message: str, names: tuple[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.names = names
+    """Different symbolic sizes meet where they must be equal (or 1), and nothing says they are."""
 
 
 class InputError(KnoptError):

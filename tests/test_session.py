@@ -13,24 +13,23 @@ from knopt.session import PerSizeSession
 from tests.oracle import run_onnxruntime
 
 
-def _reshape_to_rows_of_another_input() -> onnx.ModelProto:
-    # x.reshape(len(y), -1): with symbolic sizes, (s0 * s1) / s2 is no exact polynomial.
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["s0", "s1"])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["s2"])
+def _same_padded_conv() -> onnx.ModelProto:
+    # auto_pad SAME pads by an amount that depends on the (symbolic) image size.
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2, "h", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])
     out = helper.make_tensor_value_info("out", TensorProto.FLOAT, None)
     nodes = [
-        helper.make_node("Shape", ["y"], ["rows"]),
-        helper.make_node("Concat", ["rows", "rest"], ["shape"], axis=0),
-        helper.make_node("Reshape", ["x", "shape"], ["rows_of_x"], name="reshape"),
-        helper.make_node("Softmax", ["rows_of_x"], ["out"], axis=-1),
+        helper.make_node("Conv", ["x", "k"], ["conv"], auto_pad="SAME_UPPER", strides=[2, 2]),
+        helper.make_node("ReduceMean", ["conv"], ["pooled"], axes=[2, 3], keepdims=0),
+        helper.make_node("Add", ["pooled", "y"], ["out"]),
     ]
-    rest = numpy_helper.from_array(np.array([-1], np.int64), "rest")
-    graph = helper.make_graph(nodes, "rows", [x, y], [out], [rest])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    kernel = np.linspace(-1, 1, 2 * 2 * 3 * 3, dtype=np.float32).reshape(2, 2, 3, 3)
+    graph = helper.make_graph(nodes, "same", [x, y], [out], [numpy_helper.from_array(kernel, "k")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def test_model_that_needs_fixed_sizes_imports_per_input_shape(rng: np.random.Generator) -> None:
-    model = _reshape_to_rows_of_another_input()
+    model = _same_padded_conv()
     data = model.SerializeToString()
     with pytest.raises(SymbolicSizeError, match=r"dims="):
         knopt.load(data)
@@ -38,10 +37,10 @@ def test_model_that_needs_fixed_sizes_imports_per_input_shape(rng: np.random.Gen
     assert isinstance(session, PerSizeSession)
     assert session.input_names == ["x", "y"]
     assert session.output_names == ["out"]
-    for rows, cols, length in ((2, 6, 3), (4, 3, 2), (2, 6, 3)):
+    for n, h, w in ((1, 7, 6), (2, 5, 9), (1, 7, 6)):
         feeds = {
-            "x": rng.uniform(-2, 2, (rows, cols)).astype(np.float32),
-            "y": rng.uniform(-2, 2, (length,)).astype(np.float32),
+            "x": rng.uniform(-2, 2, (n, 2, h, w)).astype(np.float32),
+            "y": rng.uniform(-2, 2, (n, 2)).astype(np.float32),
         }
         (ours,) = session.run(None, feeds)
         np.testing.assert_allclose(ours, run_onnxruntime(model, feeds)[0], rtol=1e-6, atol=1e-7)
@@ -51,6 +50,6 @@ def test_model_that_needs_fixed_sizes_imports_per_input_shape(rng: np.random.Gen
 
 
 def test_per_size_session_rejects_inputs_of_the_wrong_rank() -> None:
-    session = knopt.compile(_reshape_to_rows_of_another_input().SerializeToString())
+    session = knopt.compile(_same_padded_conv().SerializeToString())
     with pytest.raises(InputError, match="input 'y'"):
-        session.run(None, {"x": np.ones((2, 3), np.float32), "y": np.ones((1, 2), np.float32)})
+        session.run(None, {"x": np.ones((1, 2, 4, 4), np.float32), "y": np.ones(2, np.float32)})

@@ -167,9 +167,13 @@ def exact_div(a: Dim, b: Dim) -> Dim:
             break
         else:
             return Sym._make(quotient)
+    # x.view(batch, -1) of a mask whose batch the exporter named apart: (m0 * m1) / b.
+    divisor = b.as_symbol() if isinstance(b, Sym) else None
+    same = tuple((divisor, name) for name in sorted(_symbols(a)) if divisor is not None)
     raise SymbolicSizeError(
         f"size ({a}) / ({b}) is not exact; fix the symbolic sizes when loading "
-        f"(for example dims={{'batch': 1}})"
+        f"(for example dims={{'batch': 1}})",
+        same,
     )
 
 
@@ -236,10 +240,14 @@ def broadcast_shapes(a: Shape, b: Shape, where: str) -> Shape:
     return tuple(out)
 
 
-def _symbol_pair(a: Dim, b: Dim) -> tuple[str, str] | None:
+def _symbol_pair(a: Dim, b: Dim) -> tuple[tuple[str, str], ...]:
     first = a.as_symbol() if isinstance(a, Sym) else None
     second = b.as_symbol() if isinstance(b, Sym) else None
-    return (first, second) if first is not None and second is not None else None
+    return ((first, second),) if first is not None and second is not None else ()
+
+
+def _symbols(dim: Dim) -> frozenset[str]:
+    return dim.symbols() if isinstance(dim, Sym) else frozenset()
 
 
 def normalize_axis(axis: int, rank: int, where: str) -> int:

@@ -19,7 +19,7 @@ from knopt.errors import (
     InputError,
     InvalidGraphError,
     InvalidModelError,
-    SymbolicBroadcastError,
+    SymbolicSizeError,
     UnsupportedModelError,
 )
 from knopt.ir.builder import GraphBuilder
@@ -158,9 +158,10 @@ def import_model(
     """Convert an ONNX model into a validated IR graph.
 
     Input sizes that the exporter named apart (one name per input and axis, as TorchScript's
-    list-form `dynamic_axes` and dynamo's `Dim.AUTO` write them) but that the model
-    broadcasts against each other are taken to be one size: each input keeps the name of
-    the first input that has it, and a run whose inputs disagree is refused (`InputError`).
+    list-form `dynamic_axes` and dynamo's `Dim.AUTO` write them) but that the model needs
+    equal (it broadcasts them together, or views a mask as `[batch, -1]`) are taken to be one
+    size: each input keeps the name of the first input that has it, and a run whose inputs
+    disagree is refused (`InputError`).
 
     Args:
         model: The model, as returned by `load_model`.
@@ -173,7 +174,8 @@ def import_model(
         SymbolicSizeError: If a step needs a size fixed (pass it in `dims`).
         InvalidGraphError: If the graph is malformed (a cycle, a dangling input, bad shapes).
     """
-    order = {name: i for i, name in enumerate(_input_symbols(model))}
+    axes = _input_symbols(model)
+    order = {name: i for i, name in enumerate(axes)}
     same: dict[str, Dim] = {}
     while True:
         try:
@@ -188,24 +190,26 @@ def import_model(
                 "(dims=..., or --dims NAME=SIZE)",
                 err.value_name,
             ) from err
-        except SymbolicBroadcastError as err:
-            names = err.names
-            if names is None or not all(n in order for n in names) or names[0] == names[1]:
+        except SymbolicSizeError as err:
+            pairs = [p for p in err.same if p[0] != p[1] and all(n in order for n in p)]
+            if len(pairs) > 1:  # a division: the size on the same axis of its input
+                pairs = [p for p in pairs if axes[p[0]] == axes[p[1]]]
+            if len(pairs) != 1:
                 raise
-            keep, rename = sorted(names, key=order.__getitem__)
+            keep, rename = sorted(pairs[0], key=order.__getitem__)
             same = {k: sym(keep) if v == sym(rename) else v for k, v in same.items()}
             same[rename] = sym(keep)
 
 
-def _input_symbols(model: onnx.ModelProto) -> list[str]:
-    """The names of the symbolic input sizes, in order of first appearance."""
-    names: dict[str, None] = {}
+def _input_symbols(model: onnx.ModelProto) -> dict[str, int]:
+    """The names of the symbolic input sizes, in order of first appearance, with their axes."""
+    names: dict[str, int] = {}
     for info in model.graph.input:
         if info.type.HasField("tensor_type") and info.type.tensor_type.HasField("shape"):
             for axis, dim in enumerate(info.type.tensor_type.shape.dim):
                 if not dim.HasField("dim_value"):
-                    names.setdefault(_dim_name(info, axis))
-    return list(names)
+                    names.setdefault(_dim_name(info, axis), axis)
+    return names
 
 
 def _import_model(

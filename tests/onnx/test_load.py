@@ -93,3 +93,27 @@ def test_shape_computed_from_input_values_still_fails_to_load() -> None:
     with pytest.raises(KnownValueRequired) as info:
         knopt.compile(model.SerializeToString())
     assert not isinstance(info.value, SymbolicSizeError)
+
+
+def test_mask_viewed_by_the_batch_of_another_input_shares_its_sizes(
+    rng: np.random.Generator,
+) -> None:
+    # GPT-2's attention_mask.view(batch_size, -1), batch_size read off input_ids: with sizes
+    # named apart, (mask_dim0 * mask_dim1) / ids_dim0 is inexact unless the batches are one.
+    ids = helper.make_tensor_value_info("ids", TensorProto.FLOAT, ["ids_dim0", "ids_dim1"])
+    mask = helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["mask_dim0", "mask_dim1"])
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [
+        helper.make_node("Shape", ["ids"], ["batch"], start=0, end=1),
+        helper.make_node("Concat", ["batch", "rest"], ["target"], axis=0),
+        helper.make_node("Reshape", ["mask", "target"], ["flat"], name="view"),
+        helper.make_node("Mul", ["ids", "flat"], ["y"]),
+    ]
+    rest = numpy_helper.from_array(np.array([-1], np.int64), "rest")
+    graph = helper.make_graph(nodes, "view", [ids, mask], [out], [rest])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    loaded = knopt.load(model.SerializeToString())
+    assert loaded.symbols() == frozenset({"ids_dim0", "ids_dim1"})
+    feeds = {name: rng.uniform(-2, 2, (3, 4)).astype(np.float32) for name in ("ids", "mask")}
+    (ours,) = knopt.compile(loaded).run(None, feeds)
+    np.testing.assert_array_equal(ours, run_onnxruntime(model, feeds)[0])
