@@ -330,17 +330,16 @@ def _expand(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _tile(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x = ctx.value(node.input[0])
     ctx.attributes(node)
-    repeats = ctx.known_input(node, 1, "repeats")
-    if repeats is None or repeats.size != x.rank:
+    # Repeats may be symbolic sizes: DETR tiles its learned queries by the dynamic batch.
+    repeats = _shape_input(ctx, node, 1, "repeats")
+    if len(repeats) != x.rank:
         raise ctx.fail("Tile needs one repeat count per axis")
     builder = ctx.builder
     # Tile = view with a new size-1 axis before each axis, broadcast it, merge the pairs.
     expanded = builder.view(x, tuple(d for dim in x.shape for d in (1, dim)))
-    target = tuple(d for r, dim in zip(repeats.tolist(), x.shape, strict=True) for d in (r, dim))
+    target = tuple(d for r, dim in zip(repeats, x.shape, strict=True) for d in (r, dim))
     tiled = builder.broadcast(expanded, target)
-    return [
-        builder.view(tiled, tuple(r * d for r, d in zip(repeats.tolist(), x.shape, strict=True)))
-    ]
+    return [builder.view(tiled, tuple(r * d for r, d in zip(repeats, x.shape, strict=True)))]
 
 
 _PAD_MODES = {
