@@ -114,6 +114,7 @@ class _Solution:
     def renumber(self) -> None:
         """A topological numbering of the chosen nodes of all classes (children first)."""
         position: dict[int, int] = {}
+        done = 0  # positions are distinct: a tie would hide a cycle from `creates_cycle`
         for start in self.choice:
             if start in position:
                 continue
@@ -121,7 +122,8 @@ class _Solution:
             while stack:
                 cls, leaving = stack.pop()
                 if leaving:
-                    position[cls] = len(position)
+                    position[cls] = done
+                    done += 1
                 elif cls not in position:
                     position[cls] = -1  # on the stack
                     stack.append((cls, True))
@@ -203,10 +205,12 @@ class _Solution:
                 self.choice[cls] = -change - 2
         self.total = total
 
-    def accept(self, cls: int, new: int) -> None:
-        """Keep the numbering topological after `cls` took node `new`."""
+    def accept(self, cls: int, new: int) -> bool:
+        """Keep the numbering topological after `cls` took node `new`; whether it changed."""
         if any(self.position[k] > self.position[cls] for k in self.p.kids[cls][new]):
             self.renumber()
+            return True
+        return False
 
 
 def _greedy(problem: _Problem, order: list[int]) -> dict[int, int]:
@@ -278,6 +282,7 @@ def _inline_shared(solution: _Solution) -> int:
         mark, before = solution.mark(), solution.total
         changed = []
         ok = True
+        renumbered = False
         for user in users:
             if shared not in p.kids[user][solution.choice[user]]:
                 continue
@@ -294,12 +299,15 @@ def _inline_shared(solution: _Solution) -> int:
                 ok = False
                 break
             solution.switch(user, best)
+            # The next user's cycle check needs a numbering that is topological for this choice.
+            renumbered = solution.accept(user, best) or renumbered
             changed.append((user, best))
         if ok and solution.total < before - 1e-15:
             accepted += 1
-            solution.renumber()
         else:
             solution.undo(mark, before)
+            if renumbered:
+                solution.renumber()
     return accepted
 
 

@@ -96,6 +96,25 @@ def test_cycles_are_never_chosen(ilp: bool) -> None:
     assert result.cost == pytest.approx(6.0)
 
 
+def test_a_cheaper_cycle_is_refused_when_starting_from_the_original_program() -> None:
+    # The original program reads class 2 from class 1 (V) though the bottom-up order puts 1
+    # first; its numbering once gave both the same position, which hid the cycle that U2 would
+    # close (1 reads 2, 2 reads 1) and made extraction fail its own check (BLOOM attention).
+    data = EGraphData(
+        classes={
+            0: [LEAF],
+            1: [_node("V", 2), _node("V0", 0)],
+            2: [_node("U", 0), _node("U2", 1)],
+            3: [_node("R", 1, 2)],
+        }
+    )
+    original = [(0, LEAF), (2, _node("U", 0)), (1, _node("V", 2)), (3, _node("R", 1, 2))]
+    cost = _costs({"V": 1.0, "V0": 10.0, "U": 5.0, "U2": 0.0, "R": 1.0})
+    result = extract(data, [3], cost, original, ilp_max_nodes=0)
+    assert check_extraction(result.choice, [3]) is None
+    assert result.cost == pytest.approx(7.0)
+
+
 def test_ilp_result_is_a_valid_optimal_program() -> None:
     start = dict(CYCLIC_ORIGINAL)
     assert dag_cost(start, [3], CYCLIC_COSTS) == pytest.approx(11.0)
