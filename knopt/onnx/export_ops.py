@@ -8,7 +8,9 @@ are computed from the graph inputs' shapes at run time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,7 @@ from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Node
 from knopt.ir.op import PadMode, PoolKind, Reduction
+from knopt.ir.shape import Dim
 from knopt.onnx.emitter import Emitter
 from knopt.onnx.export_elementwise import BINARY_EXPORTERS, UNARY_EXPORTERS
 
@@ -224,6 +227,8 @@ def _onnx_pads(pads: tuple[tuple[int, int], ...]) -> list[int]:
 
 
 def _conv(em: Emitter, op: ops.Conv, node: Node, args: list[str]) -> str:
+    if not node.output.dtype.is_float:
+        return _integer_conv(em, op, node, args)
     return em.op(
         "Conv",
         args,
@@ -232,6 +237,45 @@ def _conv(em: Emitter, op: ops.Conv, node: Node, args: list[str]) -> str:
         dilations=list(op.dilations),
         group=op.groups,
     )
+
+
+# ONNX Conv is for floats only, and ConvInteger for 8-bit operands; the int32 convolutions of
+# imported QLinearConv/ConvInteger nodes (centered operands, 9 bits) are exported as im2col:
+# one strided Slice of the padded input per kernel offset, then one integer MatMul per group.
+_INTEGER_MATMUL_DTYPES = frozenset({DType.I32, DType.I64, DType.U32, DType.U64})
+
+
+def _static(dims: Sequence[Dim]) -> list[int] | None:
+    ints = [d for d in dims if isinstance(d, int)]
+    return ints if len(ints) == len(dims) else None
+
+
+def _integer_conv(em: Emitter, op: ops.Conv, node: Node, args: list[str]) -> str:
+    out = node.output.shape
+    sizes, kernel = _static(out[2:]), _static(node.inputs[1].shape)
+    if node.output.dtype not in _INTEGER_MATMUL_DTYPES or sizes is None or kernel is None:
+        raise UnsupportedModelError(
+            f"{node.describe()}: an integer convolution exports only for int32/int64 with "
+            "static kernel and output sizes; fix the sizes when loading (dims=...)"
+        )
+    x = args[0]
+    if any(b or a for b, a in op.pads):
+        zero = em.scalar(0, node.output.dtype)
+        befores, afters = [b for b, _ in op.pads], [a for _, a in op.pads]
+        x = em.op("Pad", [x, em.ints([0, 0, *befores, 0, 0, *afters]), zero])
+    axes = em.ints(list(range(2, 2 + len(sizes))))
+    steps = em.ints(list(op.strides))
+    patches = []
+    for offset in itertools.product(*(range(k) for k in kernel[2:])):
+        starts = [k * d for k, d in zip(offset, op.dilations, strict=True)]
+        ends = [s + (n - 1) * t + 1 for s, n, t in zip(starts, sizes, op.strides, strict=True)]
+        piece = em.op("Slice", [x, em.ints(starts), em.ints(ends), axes, steps])
+        patches.append(em.op("Unsqueeze", [piece, em.ints([2])]))
+    stacked = em.op("Concat", patches, axis=2) if len(patches) > 1 else patches[0]
+    depth = kernel[1] * len(patches)  # input channels per group times kernel offsets
+    columns = em.op("Reshape", [stacked, em.sizes([out[0], op.groups, depth, math.prod(sizes)])])
+    weights = em.op("Reshape", [args[1], em.ints([op.groups, kernel[0] // op.groups, depth])])
+    return em.op("Reshape", [em.op("MatMul", [weights, columns]), em.sizes(out)])
 
 
 def _pool(em: Emitter, op: ops.Pool, node: Node, args: list[str]) -> str:

@@ -302,6 +302,36 @@ def test_conv_exports(
     assert_same(run_onnxruntime(save_onnx(graph), feeds), run_knopt(graph, feeds))
 
 
+@pytest.mark.parametrize(
+    ("strides", "pads", "dilations", "groups"),
+    [
+        ((1, 1), ((0, 0), (0, 0)), (1, 1), 1),
+        ((2, 1), ((1, 2), (0, 1)), (1, 2), 2),
+        ((1, 2), ((2, 2), (1, 1)), (2, 1), 4),
+    ],
+)
+def test_integer_conv_exports(
+    rng: np.random.Generator,
+    strides: tuple[int, int],
+    pads: tuple[tuple[int, int], ...],
+    dilations: tuple[int, int],
+    groups: int,
+) -> None:
+    # QLinearConv and ConvInteger import as an int32 conv of centered operands, which ONNX's
+    # Conv does not take: it exports as im2col with integer MatMuls, exactly.
+    i32 = DType.I32
+    b = GraphBuilder("case")
+    x = b.input("x", (sym("batch"), 4, 9, 8), i32)
+    w = b.constant(random_array(rng, (8, 4 // groups, 3, 2), i32, low=-255, high=255))
+    b.output(b.conv(x, w, strides=strides, pads=pads, dilations=dilations, groups=groups), "y")
+    graph = b.build()
+    for batch in (1, 3):
+        feeds = {"x": random_array(rng, (batch, 4, 9, 8), i32, low=-255, high=255)}
+        (expected,) = run_knopt(graph, feeds)
+        (ours,) = run_onnxruntime(save_onnx(graph), feeds)
+        np.testing.assert_array_equal(ours, expected)
+
+
 @pytest.mark.parametrize("kind", list(PoolKind), ids=lambda k: k.name)
 @pytest.mark.parametrize("ceil_mode", [False, True])
 @pytest.mark.parametrize("count_include_pad", [False, True])
