@@ -54,7 +54,7 @@ def per_axis(ctx: ImportContext, v: Value, x: Value, axis: int, block: int = 0) 
     return b.slice(merged, axis=axis, start=0, stop=x.shape[axis])
 
 
-def _quantize(
+def quantize_scaled(
     ctx: ImportContext, scaled: Value, zero_point: Value | None, dtype: DType, saturate: bool
 ) -> Value:
     """`x / scale` (already divided) rounded, shifted by the zero point and saturated."""
@@ -94,7 +94,7 @@ def _quantize_linear(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue
         x, scale = b.cast(x, DType.F32), b.cast(scale, DType.F32)
     scaled = b.div(x, per_axis(ctx, scale, x, axis, block))
     zp = None if zero_point is None else per_axis(ctx, zero_point, x, axis, block)
-    return [_quantize(ctx, scaled, zp, dtype, saturate)]
+    return [quantize_scaled(ctx, scaled, zp, dtype, saturate)]
 
 
 @importer("DequantizeLinear", since=10)
@@ -135,14 +135,14 @@ def _dynamic_quantize_linear(ctx: ImportContext, node: onnx.NodeProto) -> list[O
     ]
 
 
-def _centered(ctx: ImportContext, x: Value, zero_point: Value | None) -> Value:
+def centered(ctx: ImportContext, x: Value, zero_point: Value | None) -> Value:
     """`x - zero_point` in int32."""
     b = ctx.builder
     wide = b.cast(x, DType.I32)
     return wide if zero_point is None else b.sub(wide, b.cast(zero_point, DType.I32))
 
 
-def _requantize(
+def requantize(
     ctx: ImportContext, acc: Value, factor: Value, zero_point: Value | None, dtype: DType
 ) -> Value:
     """An int32 accumulator scaled (in float64), shifted, rounded and saturated to `dtype`."""
@@ -158,7 +158,7 @@ def _requantize(
 def _matmul_integer(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     a, w, a_zero, w_zero = ctx.inputs(node, count=(2, 4))
     ctx.attributes(node)
-    return [matmul(ctx, _centered(ctx, a, a_zero), _centered(ctx, w, w_zero))]
+    return [matmul(ctx, centered(ctx, a, a_zero), centered(ctx, w, w_zero))]
 
 
 @importer("QLinearMatMul", since=10)
@@ -166,9 +166,9 @@ def _qlinear_matmul(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]
     a, a_scale, a_zero, w, w_scale, w_zero, y_scale, y_zero = ctx.inputs(node, count=8)
     ctx.attributes(node)
     b = ctx.builder
-    acc = matmul(ctx, _centered(ctx, a, a_zero), _centered(ctx, w, w_zero))
+    acc = matmul(ctx, centered(ctx, a, a_zero), centered(ctx, w, w_zero))
     factor = b.div(b.mul(a_scale, w_scale), y_scale)
-    return [_requantize(ctx, acc, factor, y_zero, y_zero.dtype)]
+    return [requantize(ctx, acc, factor, y_zero, y_zero.dtype)]
 
 
 def _integer_conv(
@@ -197,17 +197,17 @@ def _integer_conv(
 @importer("ConvInteger", since=10)
 def _conv_integer(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x, w, x_zero, w_zero = ctx.inputs(node, count=(2, 4))
-    return [_integer_conv(ctx, node, _centered(ctx, x, x_zero), w, w_zero)]
+    return [_integer_conv(ctx, node, centered(ctx, x, x_zero), w, w_zero)]
 
 
 @importer("QLinearConv", since=10)
 def _qlinear_conv(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, bias = ctx.inputs(node, count=(8, 9))
     b = ctx.builder
-    acc = _integer_conv(ctx, node, _centered(ctx, x, x_zero), w, w_zero)
+    acc = _integer_conv(ctx, node, centered(ctx, x, x_zero), w, w_zero)
     if bias is not None:
         acc = b.add(acc, b.view(b.cast(bias, DType.I32), (bias.shape[0], *(1,) * (acc.rank - 2))))
     if w_scale.rank == 1 and w_scale.shape[0] != 1:
         w_scale = b.view(w_scale, (w_scale.shape[0], *(1,) * (acc.rank - 2)))
     factor = b.div(b.mul(x_scale, w_scale), y_scale)
-    return [_requantize(ctx, acc, factor, y_zero, y_zero.dtype if y_zero is not None else x.dtype)]
+    return [requantize(ctx, acc, factor, y_zero, y_zero.dtype if y_zero is not None else x.dtype)]
