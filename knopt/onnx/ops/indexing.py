@@ -10,7 +10,7 @@ from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.op import Binary, ScatterReduction
 from knopt.ir.shape import Dim, Shape, numel
-from knopt.onnx.context import ImportContext, OnnxValue, importer
+from knopt.onnx.context import ImportContext, Known, OnnxValue, importer
 from knopt.onnx.ops.common import axis_of, static_dim
 
 _REDUCTIONS = {
@@ -163,3 +163,34 @@ def _reverse_sequence(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValu
     backwards = b.sub(b.sub(counts, b.constant(np.array(1, np.int64))), time)
     source = b.where(b.binary(Binary.LESS, time, counts), backwards, time)
     return [gather_elements(ctx, data, b.broadcast(source, data.shape), time_axis)]
+
+
+@importer("NonZero", since=9)
+def _non_zero(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
+    ctx.attributes(node)
+    found = ctx.lookup(node.input[0])
+    if isinstance(found, Known) and not found.is_symbolic:
+        array = found.concrete()
+        return [Known(np.asarray(np.nonzero(array), np.int64).reshape(array.ndim, -1), DType.I64)]
+    x = ctx.value(node.input[0])
+    if x.rank == 0 or not _is_all_nonzero(x):
+        raise ctx.fail(
+            "NonZero's output size depends on its input's values, which must then be known "
+            "when loading; only constants and constant fills are supported"
+        )
+    # torch.arange before opset 11 exports as NonZero(ConstantOfShape(n)): every element is
+    # non-zero, so the result is the coordinates of all elements in row-major order.
+    b = ctx.builder
+    rows = []
+    for axis, size in enumerate(x.shape):
+        line = b.view(b.iota(size), tuple(size if i == axis else 1 for i in range(x.rank)))
+        rows.append(b.view(b.broadcast(line, x.shape), (1, numel(x.shape))))
+    return [b.concat(rows, axis=0)]
+
+
+def _is_all_nonzero(x: Value) -> bool:
+    """True if `x` is a view or broadcast of a constant without zeros."""
+    while isinstance(x.producer.op, ops.View | ops.Broadcast):
+        x = x.producer.inputs[0]
+    op = x.producer.op
+    return isinstance(op, ops.Constant) and bool(np.all(op.data.array != 0))

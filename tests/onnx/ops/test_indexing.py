@@ -109,3 +109,57 @@ def test_gather_nd_with_symbolic_sizes_matches_onnxruntime(
         }
         (ours,) = session.run(None, feeds)
         np.testing.assert_array_equal(ours, run_onnxruntime(model, feeds)[0])
+
+
+@pytest.mark.parametrize("opset", [10, 13])
+def test_non_zero_of_a_constant_fill_is_an_arange(rng: np.random.Generator, opset: int) -> None:
+    # torch.arange(x.shape[1]) exported before opset 11 (BERT's position ids at opset 9/10):
+    # NonZero(ConstantOfShape(seq, 1)), transposed and squeezed, added to a float input.
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    one = helper.make_tensor("one", TensorProto.INT64, [1], [1])
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "i1"], ["seq"], axis=0),
+        helper.make_node("ConstantOfShape", ["seq"], ["ones"], value=one),
+        helper.make_node("NonZero", ["ones"], ["nz"]),
+        helper.make_node("Transpose", ["nz"], ["t"], perm=[1, 0]),
+        helper.make_node("Cast", ["t"], ["pos"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["x", "pos"], ["y"]),
+    ]
+    index = onnx.numpy_helper.from_array(np.array([1], np.int64), "i1")
+    graph = helper.make_graph(nodes, "arange", [x], [y], [index])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    graph_ir = knopt.load(model.SerializeToString())
+    optimized = knopt.optimize(graph_ir).graph
+    for batch, seq in ((1, 4), (3, 7)):
+        feeds = {"x": rng.uniform(0.5, 1.5, (batch, seq, 2)).astype(np.float32)}
+        (expected,) = run_onnxruntime(model, feeds)
+        for session in (knopt.compile(graph_ir), knopt.compile(optimized)):
+            (ours,) = session.run(None, feeds)
+            np.testing.assert_allclose(ours, expected, rtol=1e-6)
+
+
+def test_non_zero_of_a_constant_folds(rng: np.random.Generator) -> None:
+    constant = rng.integers(-1, 2, (3, 4)).astype(np.float32)
+    x = rng.integers(1, 5, (2, 1)).astype(np.int64)
+    nodes = [
+        helper.make_node("NonZero", ["c"], ["nz"]),
+        helper.make_node("Mul", ["nz", "x"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "nonzero",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, [2, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, None)],
+        [onnx.numpy_helper.from_array(constant, "c")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    assert_matches(model, {"x": x})
+
+
+def test_non_zero_of_run_time_values_is_refused_by_name() -> None:
+    x = np.ones((2, 3), np.float32)
+    model = node_model("NonZero", {"x": x}, ["y"], opset=13)
+    with pytest.raises(knopt.UnsupportedModelError, match=r"NonZero.*known when loading"):
+        knopt.load(model.SerializeToString())
