@@ -20,6 +20,7 @@ from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Node
 from knopt.ir.op import Input
 from knopt.ir.shape import Dim, Sym, sym
+from knopt.onnx.legalize import carry_narrow_floats
 
 INITIALIZER_MIN_ELEMENTS = 16  # smaller constants stay Constant nodes, readable in Netron
 
@@ -68,6 +69,22 @@ class Emitter:
         kept = {key: value for key, value in attrs.items() if value is not None}
         self.nodes.append(helper.make_node(op_type, list(inputs), results, name=name, **kept))
         return results
+
+    def carry_narrow_floats(self, start: int, types: dict[str, int]) -> None:
+        """Compute the nodes added since `start` in float32 where their op lacks 16-bit floats.
+
+        Args:
+            start: Index in `nodes` of the first node to check.
+            types: Element types of the value names known so far; updated.
+        """
+        types.update({t.name: t.data_type for t in self.initializers})
+        self.nodes[start:] = carry_narrow_floats(
+            self.nodes[start:],
+            types,
+            self.opset,
+            lambda wanted: self._unique(wanted, self._value_names),
+            lambda wanted: self._unique(wanted, self._node_names),
+        )
 
     def constant(self, array: np.ndarray) -> str:
         """A value holding `array`: an initializer if large, else a Constant node (shared)."""

@@ -14,6 +14,7 @@ import onnx
 from onnx import helper
 
 from knopt.errors import CodegenError, KnoptError, UnsupportedModelError
+from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Value
 from knopt.ir.shape import Sym
 from knopt.onnx.emitter import Emitter
@@ -21,6 +22,7 @@ from knopt.onnx.export_ops import EXPORTERS
 
 DEFAULT_OPSET = 18
 MIN_OPSET = 18  # Reduce* take their axes as inputs, and ScatterElements has max/min, from 18
+_NARROW_FLOATS = frozenset({DType.BF16, DType.F16})
 
 
 def save_onnx(
@@ -68,6 +70,7 @@ def _model(
 
     emitter = Emitter(graph, opset=opset)
     names: dict[int, str] = {}
+    types = {name: int(v.dtype) for name, v in zip(graph.input_names, graph.inputs, strict=True)}
     for node in graph.nodes:
         exporter = EXPORTERS.get(type(node.op))
         if exporter is None:
@@ -77,6 +80,9 @@ def _model(
         names[id(node.output)] = exporter(
             emitter, node.op, node, [names[id(v)] for v in node.inputs]
         )
+        if any(v.dtype in _NARROW_FLOATS for v in (*node.inputs, node.output)):
+            emitter.carry_narrow_floats(start, types)
+        types[names[id(node.output)]] = int(node.output.dtype)
         if spans is not None:
             spans[id(node)] = (start, len(emitter.nodes))
     _name_outputs(emitter, graph, names)

@@ -28,7 +28,13 @@ from knopt.onnx.export import save_onnx
 from knopt.onnx.export_elementwise import BINARY_EXPORTERS, UNARY_EXPORTERS
 from knopt.onnx.export_ops import EXPORTERS
 from tests.models import Fixture, fixtures
-from tests.oracle import assert_same, random_array, run_knopt, run_onnxruntime
+from tests.oracle import (
+    assert_same,
+    random_array,
+    run_knopt,
+    run_onnxruntime,
+    run_reference,
+)
 
 F32 = DType.F32
 
@@ -330,6 +336,38 @@ def test_integer_conv_exports(
         (expected,) = run_knopt(graph, feeds)
         (ours,) = run_onnxruntime(save_onnx(graph), feeds)
         np.testing.assert_array_equal(ours, expected)
+
+
+def test_bfloat16_conv_pool_and_hard_swish_export_at_opset_18(rng: np.random.Generator) -> None:
+    # ONNX allows bfloat16 in Conv, MaxPool and HardSwish only from opset 22 (a torch
+    # `.bfloat16()` CNN): at opset 18 they compute in float32 between Casts, as knopt's executor.
+    bf16 = DType.BF16
+    b = GraphBuilder("case")
+    x = b.input("x", (sym("batch"), 3, 8, 8), bf16)
+    w = b.constant(random_array(rng, (4, 3, 3, 3), bf16))
+    y = b.conv(x, w, strides=(1, 1), pads=((1, 1), (1, 1)), dilations=(1, 1))
+    y = b.unary(Unary.HARD_SWISH, y)
+    pooled = b.pool(
+        PoolKind.MAX,
+        y,
+        kernel=(2, 2),
+        strides=(2, 2),
+        pads=((0, 0), (0, 0)),
+        dilations=(1, 1),
+        ceil_mode=False,
+        count_include_pad=False,
+    )
+    b.output(b.add(pooled, pooled), "y")
+    graph = b.build()
+    model = save_onnx(graph)
+    onnx.checker.check_model(model, full_check=True)
+    assert {n.op_type for n in model.graph.node} >= {"Cast", "Conv", "MaxPool", "HardSwish"}
+    for batch in (1, 2):
+        feeds = {"x": random_array(rng, (batch, 3, 8, 8), bf16)}
+        (expected,) = run_knopt(graph, feeds)
+        (ours,) = run_reference(model, feeds)
+        assert ours.dtype == expected.dtype
+        np.testing.assert_array_equal(ours.astype(np.float32), expected.astype(np.float32))
 
 
 @pytest.mark.parametrize("kind", list(PoolKind), ids=lambda k: k.name)
