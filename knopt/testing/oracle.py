@@ -282,6 +282,12 @@ def _mean_of(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     return _close(ctx.values.value(m.id), expected, "the mean")
 
 
+def _tanh_gelu_arg(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    u, x = args
+    xv = ctx.values.value(x.id)
+    return _close(ctx.values.value(u.id), xv + xv.dtype.type(0.044715) * xv * xv * xv, "x + k x^3")
+
+
 Oracle = Callable[[FactContext, tuple[Any, ...], Any], "str | None"]
 ORACLES: dict[str, Oracle] = {
     "shape": _shape,
@@ -311,6 +317,7 @@ ORACLES: dict[str, Oracle] = {
     "gelu-core": _gelu_core,
     "cube-of": _cube_of,
     "mean-of": _mean_of,
+    "tanh-gelu-arg": _tanh_gelu_arg,
 }
 
 

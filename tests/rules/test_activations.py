@@ -47,6 +47,29 @@ def _gelu_tanh(g: GraphBuilder, *, cube_as_pow: bool = True, k: float = 0.044715
     return g.mul(g.mul(const(g, 0.5), x), g.add(const(g, 1.0), t))
 
 
+def _gelu_tanh_factored(g: GraphBuilder, k: float = 0.044715) -> Value:
+    """BLOOM's x * 0.5 * (1 + tanh(0.79788456 * x * (1 + k * x * x))), as torch exports it."""
+    x = _x(g)
+    poly = g.add(g.mul(g.mul(x, const(g, k)), x), const(g, 1.0))
+    t = g.unary(Unary.TANH, g.mul(g.mul(x, const(g, 0.79788456)), poly))
+    return g.mul(g.mul(x, const(g, 0.5)), g.add(t, const(g, 1.0)))
+
+
+def _gelu_tanh_cube_right(g: GraphBuilder) -> Value:
+    """F.gelu(approximate="tanh") from the TorchScript exporter: the cube is x * (x * x)."""
+    x = _x(g)
+    inner = g.add(x, g.mul(const(g, 0.044715), g.mul(x, g.mul(x, x))))
+    t = g.unary(Unary.TANH, g.mul(const(g, math.sqrt(2.0 / math.pi)), inner))
+    return g.mul(const(g, 0.5), g.mul(x, g.add(const(g, 1.0), t)))
+
+
+def _swish(g: GraphBuilder, beta: float, *, left: bool = False) -> Value:
+    """x * sigmoid(beta * x) (QuickGELU for beta = 1.702)."""
+    x = _x(g)
+    gate = g.unary(Unary.SIGMOID, g.mul(const(g, beta), x))
+    return g.mul(gate, x) if left else g.mul(x, gate)
+
+
 def _times(g: GraphBuilder, kind: Unary, *, left: bool = False) -> Value:
     """x * f(x), or f(x) * x."""
     x = _x(g)
@@ -108,6 +131,25 @@ REWRITES = [
         lambda g: _gelu_tanh(g, cube_as_pow=False),
         ("TANH", "MUL", "ADD"),
         {"GELU_TANH": 1},
+    ),
+    Rewrite(
+        ("gelu-tanh-core", "tanh-gelu-factored", "scalar-factor-out-of-product-left"),
+        _gelu_tanh_factored,
+        ("TANH", "MUL", "ADD"),
+        {"GELU_TANH": 1},
+    ),
+    Rewrite(
+        ("gelu-tanh-core", "cube-as-product-right"),
+        _gelu_tanh_cube_right,
+        ("TANH", "MUL", "ADD"),
+        {"GELU_TANH": 1},
+    ),
+    Rewrite(("swish-is-scaled-silu",), lambda g: _swish(g, 1.702), ("SIGMOID",), {"SILU": 1}),
+    Rewrite(
+        ("swish-is-scaled-silu-left",),
+        lambda g: _swish(g, -0.5, left=True),
+        ("SIGMOID",),
+        {"SILU": 1},
     ),
     Rewrite(
         ("silu",),
@@ -178,6 +220,20 @@ def test_tanh_form_with_a_wrong_cubic_coefficient_is_no_gelu(rng: np.random.Gene
     assert result.fired("gelu-tanh-core") == 0
     assert result.count("GELU_TANH") == 0
     assert result.count("TANH") == 1
+
+
+def test_factored_tanh_form_with_a_wrong_coefficient_is_no_gelu(
+    rng: np.random.Generator,
+) -> None:
+    result = optimize_and_compare(lambda g: _gelu_tanh_factored(g, k=0.05), rng)
+    assert result.fired("tanh-gelu-factored") == 0
+    assert result.count("GELU_TANH") == 0
+
+
+def test_sigmoid_of_zero_times_x_is_no_silu(rng: np.random.Generator) -> None:
+    result = optimize_and_compare(lambda g: _swish(g, 0.0), rng)
+    assert result.fired("swish-is-scaled-silu") == 0
+    assert result.count("SILU") == 0
 
 
 def test_product_with_the_sigmoid_of_another_tensor_is_no_silu(rng: np.random.Generator) -> None:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from knopt.ir import DType, GraphBuilder, Node, Shape, Unary, Value
+from knopt.opt.egraph import Limits
 from tests.rules.helpers import F32, Rewrite, check_rewrite, const, optimize_and_compare
 
 CHANNELS = 4
@@ -186,3 +187,32 @@ def test_products_of_constants_are_not_reassociated(rng: np.random.Generator) ->
     result = optimize_and_compare(build, rng)
     assert result.fired("scale-of-scale") == 0
     assert result.count("MUL") == 0  # folded instead
+
+
+def test_scalar_factors_leave_products_of_varying_tensors(rng: np.random.Generator) -> None:
+    def build(g: GraphBuilder) -> Value:
+        x, y = _wide(g), g.input("z", (4, 6), F32)
+        return g.mul(y, g.mul(g.mul(x, const(g, 3.0)), y))
+
+    result = optimize_and_compare(build, rng)
+    assert result.fired("scalar-factor-out-of-product-left") > 0
+    assert result.fired("scalar-factor-out-of-product-right") > 0
+
+
+def test_scalar_factor_stays_in_a_product_with_a_constant(rng: np.random.Generator) -> None:
+    def build(g: GraphBuilder) -> Value:
+        c = g.constant(rng.uniform(0.5, 2.0, (4, 6)).astype(np.float32))
+        return g.mul(g.mul(_wide(g), const(g, 3.0)), c)
+
+    result = optimize_and_compare(build, rng)
+    assert result.fired("scalar-factor-out-of-product-left") == 0
+
+
+def test_integer_product_with_zero_grows_no_powers(rng: np.random.Generator) -> None:
+    def build(g: GraphBuilder) -> Value:
+        x, y = g.input("x", (4, 6), DType.I64), g.input("y", (4, 6), DType.I64)
+        return g.mul(y, g.mul(x, const(g, 0, DType.I64)))
+
+    # x * 0 is 0, so y * (x * 0) once became (y * x) * 0, ((y * x) * x) * 0, ...
+    result = optimize_and_compare(build, rng, limits=Limits(nodes=2000))
+    assert result.report.stopped_by is None
