@@ -11,6 +11,7 @@ wants and the attempt is made again, a few rounds at most.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -414,6 +415,10 @@ class _Attempt:
                         return True
             if name in self._base:
                 return self._pick_row(guard, evaluator, repairs)
+            bound = _float_bound(guard, self.pattern.sorts)
+            if bound is not None:
+                repairs.values[bound[0]] = bound[1]
+                return True
             if (
                 name in ("<", "<=")
                 and isinstance(guard[2], Lit)
@@ -539,6 +544,23 @@ def _size(dim: Dim) -> int:
 def _sizes(shape: Iterable[Dim]) -> tuple[int, ...]:
     """A shape as numpy needs it (see `_size`)."""
     return tuple(_size(d) for d in shape)
+
+
+def _float_bound(guard: tuple[Expr, ...], sorts: dict[str, str]) -> tuple[str, float] | None:
+    """`(<= v K)` and the like over an f64 variable v: v and a value that meets the bound."""
+    name = head(guard)
+    if name not in ("<", "<=", ">", ">=") or len(guard) != 3:
+        return None
+    var, limit = guard[1], guard[2]
+    if not isinstance(var, Sym) or sorts.get(var.name) != "f64" or not isinstance(limit, Lit):
+        return None
+    if not isinstance(limit.value, float):
+        return None
+    if name == "<":
+        return var.name, math.nextafter(limit.value, -math.inf)
+    if name == ">":
+        return var.name, math.nextafter(limit.value, math.inf)
+    return var.name, limit.value
 
 
 def _closeness(guard: tuple[Expr, ...]) -> tuple[Expr, Expr] | None:

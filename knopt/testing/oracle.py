@@ -288,6 +288,11 @@ def _tanh_gelu_arg(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str |
     return _close(ctx.values.value(u.id), xv + xv.dtype.type(0.044715) * xv * xv * xv, "x + k x^3")
 
 
+def _context_only(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    """A fact about where a tensor is read (softmax-addend, raw-scores): no value to check."""
+    return None
+
+
 Oracle = Callable[[FactContext, tuple[Any, ...], Any], "str | None"]
 ORACLES: dict[str, Oracle] = {
     "shape": _shape,
@@ -318,6 +323,8 @@ ORACLES: dict[str, Oracle] = {
     "cube-of": _cube_of,
     "mean-of": _mean_of,
     "tanh-gelu-arg": _tanh_gelu_arg,
+    "softmax-addend": _context_only,
+    "raw-scores": _context_only,
 }
 
 
