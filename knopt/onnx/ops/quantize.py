@@ -65,11 +65,17 @@ def quantize_scaled(
         if zero_point is not None:
             scaled = b.add(scaled, b.cast(zero_point, scaled.dtype))
         return b.cast(scaled, dtype)  # float4 has no infinities: the cast saturates
-    whole = b.cast(b.unary(Unary.ROUND, scaled), DType.I32)
+    # Saturate while still a float: an infinity or a value beyond int32 (a -inf attention mask)
+    # has no int32 to pass through. NaN becomes the lowest value, as onnxruntime gives.
+    wide = scaled if scaled.dtype in (DType.F32, DType.F64) else b.cast(scaled, DType.F32)
+    whole = b.unary(Unary.ROUND, wide)
     if zero_point is not None:
-        whole = b.add(whole, b.cast(zero_point, DType.I32))
+        whole = b.add(whole, b.cast(zero_point, wide.dtype))
     lo, hi = _range(dtype)
-    return b.cast(b.clamp(whole, lo=lo, hi=hi), dtype)
+    bounded = b.clamp(whole, lo=lo, hi=hi)
+    lowest = b.constant(lo, wide.dtype)
+    bounded = b.where(b.unary(Unary.IS_NAN, bounded), lowest, bounded)
+    return b.cast(b.cast(bounded, DType.I32), dtype)
 
 
 @importer("QuantizeLinear", since=10)

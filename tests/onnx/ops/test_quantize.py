@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -56,3 +58,18 @@ def test_dynamic_quantize_linear_matches_onnxruntime(rng: np.random.Generator) -
     x = rng.uniform(-2, 5, (3, 4)).astype(np.float32)
     model = node_model("DynamicQuantizeLinear", {"x": x}, ["y", "scale", "zero"], opset=11)
     assert_matches(model, {"x": x})
+
+
+@pytest.mark.parametrize("zero", [np.uint8(128), np.int8(-100), np.int8(100), np.uint16(1000)])
+def test_quantize_saturates_infinities_and_huge_values(rng: np.random.Generator, zero: Any) -> None:
+    # A -inf attention mask quantized by a QDQ model: values beyond int32 must saturate, not
+    # wrap through an integer conversion; NaN gives the lowest value, as onnxruntime does.
+    x = np.concatenate(
+        [
+            np.array([np.inf, -np.inf, np.nan, 1e10, -1e10, 2.5, -2.5], np.float32),
+            rng.uniform(-100, 100, 9).astype(np.float32),
+        ]
+    )
+    constants = {"scale": np.array(0.5, np.float32), "zero": np.array(zero)}
+    model = node_model("QuantizeLinear", {"x": x}, ["y"], opset=21, constants=constants)
+    assert_matches(model, {"x": x}, rtol=0, atol=0)
