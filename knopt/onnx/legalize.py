@@ -90,15 +90,13 @@ def _record_outputs(
     schema: defs.OpSchema, node: onnx.NodeProto, types: MutableMapping[str, int]
 ) -> None:
     """Add the element types of the node's outputs, where onnx can infer them."""
-    known = {
-        name: helper.make_tensor_type_proto(types[name], None)
-        for name in node.input
-        if name and name in types
-    }
+    if any(name and name not in types for name in node.input):
+        return  # an input of unknown type: its outputs stay unknown, and are never carried
+    known = {name: helper.make_tensor_type_proto(types[name], None) for name in node.input if name}
     try:
         inferred = shape_inference.infer_node_outputs(schema, node, known)
     except (shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError):
-        return  # an input of unknown type: its outputs stay unknown, and are never carried
+        return  # inference needs more than element types (a shape, a value): outputs unknown
     for name, proto in inferred.items():
         if proto.tensor_type.elem_type:
             types[name] = proto.tensor_type.elem_type
