@@ -51,10 +51,16 @@ def _output_type(x: Value, zero_point: Value | None) -> DType:
 
 
 def _rounded(ctx: ImportContext, y: Value, dtype: DType) -> Value:
-    """Float32 `y` (zero point included) rounded half to even and saturated to `dtype`."""
+    """Float32 `y` (zero point included) rounded half to even and saturated to `dtype`.
+
+    NaN (from an infinite scale, as a calibrated -inf attention mask gets) becomes the lowest
+    value, as MLAS's float-to-int conversion and saturating packs give.
+    """
     b = ctx.builder
     info = np.iinfo(dtype.numpy)
-    return b.cast(b.clamp(b.unary(Unary.ROUND, y), lo=info.min, hi=info.max), dtype)
+    bounded = b.clamp(b.unary(Unary.ROUND, y), lo=info.min, hi=info.max)
+    lowest = b.constant(info.min, DType.F32)
+    return b.cast(b.where(b.unary(Unary.IS_NAN, bounded), lowest, bounded), dtype)
 
 
 def _as_f32(ctx: ImportContext, v: Value | None) -> Value:

@@ -215,3 +215,26 @@ def test_channels_last_pool_is_refused_by_name() -> None:
     )
     with pytest.raises(UnsupportedModelError, match=r"QLinearGlobalAveragePool.*channels_last"):
         knopt.load(model.SerializeToString())
+
+
+def test_qlinear_add_with_infinite_scales_gives_the_lowest_value(rng: np.random.Generator) -> None:
+    # quantize_static calibrates a -inf attention mask to an infinite scale; the sum is NaN,
+    # which onnxruntime's x86 kernel turns into the lowest value.
+    a = _quantized(rng, (2, 6), np.int8)
+    model = node_model(
+        "QLinearAdd",
+        {"a": a},
+        ["y"],
+        opset=17,
+        domain=MS,
+        constants={
+            "a_scale": _scale(0.02),
+            "a_zero": np.array(-5, np.int8),
+            "c": _quantized(rng, (2, 6), np.int8),
+            "c_scale": _scale(np.inf),
+            "c_zero": np.array(0, np.int8),
+            "y_scale": _scale(np.inf),
+            "y_zero": np.array(0, np.int8),
+        },
+    )
+    _assert_matches(model, {"a": a})
