@@ -282,6 +282,11 @@ def _mean_of(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     return _close(ctx.values.value(m.id), expected, "the mean")
 
 
+def _channel_mean_of(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    m, x = args
+    return _mean_of(ctx, (m, x, 1), value)
+
+
 def _tanh_gelu_arg(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     u, x = args
     xv = ctx.values.value(x.id)
@@ -322,6 +327,7 @@ ORACLES: dict[str, Oracle] = {
     "gelu-core": _gelu_core,
     "cube-of": _cube_of,
     "mean-of": _mean_of,
+    "channel-mean-of": _channel_mean_of,
     "tanh-gelu-arg": _tanh_gelu_arg,
     "softmax-addend": _context_only,
     "raw-scores": _context_only,

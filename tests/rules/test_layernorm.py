@@ -108,9 +108,46 @@ def test_mean_not_divided_by_the_axis_size_is_no_layer_norm(rng: np.random.Gener
 
 
 def test_normalizing_over_another_axis_is_no_layer_norm(rng: np.random.Generator) -> None:
-    result = optimize_and_compare(lambda g: _layer_norm(g, axis=1), rng)
-    assert result.fired("layer-norm") == 0
+    result = optimize_and_compare(lambda g: _layer_norm(g, axis=0), rng)
+    assert result.fired("layer-norm") == result.fired("layer-norm-over-channels") == 0
     assert result.count("LayerNorm") == 0
+
+
+def _channels_first_layer_norm(g: GraphBuilder) -> Value:
+    """ConvNeXt's LayerNorm2d on NCHW: mean and variance over axis 1, then its affine tail."""
+    x = g.input("x", (2, 4, 3, 5), F32)
+    total = g.reduce(Reduction.SUM, x, axes=[1])
+    d = g.sub(x, g.div(total, const(g, 4.0)))
+    variance = g.div(
+        g.reduce(Reduction.SUM, g.binary(Binary.POW, d, const(g, 2.0)), axes=[1]), const(g, 4.0)
+    )
+    y = g.div(d, g.unary(Unary.SQRT, g.add(variance, const(g, EPS))))
+    gamma = g.constant(np.linspace(0.5, 1.5, 4, dtype=np.float32).reshape(4, 1, 1))
+    return g.add(g.mul(gamma, y), g.constant(np.full((4, 1, 1), 0.1, np.float32)))
+
+
+def test_layer_norm_over_channels_is_a_permuted_layer_norm(rng: np.random.Generator) -> None:
+    result = optimize_and_compare(_channels_first_layer_norm, rng)
+    assert result.fired("layer-norm-over-channels") > 0
+    assert result.fired("mean-over-channels") > 0
+    (norm,) = [n for n in result.after.nodes if isinstance(n.op, ops.LayerNorm)]
+    assert norm.op.axis == 3
+    assert norm.inputs[0].shape == (2, 3, 5, 4)
+    assert result.count("SQRT") == 0
+
+
+def test_mean_over_channels_of_a_matrix_is_the_last_axis_case(rng: np.random.Generator) -> None:
+    # Rank 2: axis 1 is the last axis, which `layer-norm` handles without permutes.
+    def build(g: GraphBuilder) -> Value:
+        x = g.input("x", (3, 8), F32)
+        d = g.sub(x, g.div(g.reduce(Reduction.SUM, x, axes=[1]), const(g, 8.0)))
+        variance = g.div(g.reduce(Reduction.SUM, g.mul(d, d), axes=[1]), const(g, 8.0))
+        return g.div(d, g.unary(Unary.SQRT, g.add(variance, const(g, EPS))))
+
+    result = optimize_and_compare(build, rng)
+    assert result.fired("mean-over-channels") == 0
+    assert result.count("LayerNorm") == 1
+    assert result.count("Permute") == 0
 
 
 def test_variance_of_the_input_instead_of_the_deviation_is_no_layer_norm(
