@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import datetime
 import json
 import os
 import platform
@@ -29,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-DATE = "2026-12-02"
+DATE = datetime.date.today().isoformat()  # the day the numbers are measured
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 SECTION = "## CPU executor vs onnxruntime"
 _THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")

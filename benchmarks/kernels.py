@@ -13,6 +13,7 @@ output through memory.
 from __future__ import annotations
 
 import argparse
+import datetime
 import math
 import platform
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-DATE = "2026-12-02"
+DATE = datetime.date.today().isoformat()  # the day the numbers are measured
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 SECTION = "## Kernel counts vs onnxruntime"
 

@@ -14,6 +14,7 @@ time on a real size (target: under 10 s).
 from __future__ import annotations
 
 import argparse
+import datetime
 import itertools
 import math
 import platform
@@ -33,7 +34,7 @@ from knopt.opt.egraph import Limits  # noqa: E402
 from knopt.opt.rules import load_rules, shipped_rule_files  # noqa: E402
 from knopt.opt.terms import TermTables, graph_commands  # noqa: E402
 
-DATE = "2026-12-02"
+DATE = datetime.date.today().isoformat()  # the day the numbers are measured
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 F32 = DType.F32
 
