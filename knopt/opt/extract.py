@@ -111,8 +111,11 @@ class _Solution:
     def needed(self) -> list[int]:
         return [c for c, r in self.refs.items() if r > 0]
 
-    def renumber(self) -> None:
-        """A topological numbering of the chosen nodes of all classes (children first)."""
+    def renumber(self) -> bool:
+        """A topological numbering of the chosen nodes of all classes (children first).
+
+        Returns False, leaving the numbering unusable, if the chosen nodes form a cycle.
+        """
         position: dict[int, int] = {}
         done = 0  # positions are distinct: a tie would hide a cycle from `creates_cycle`
         for start in self.choice:
@@ -130,7 +133,10 @@ class _Solution:
                     for kid in self.p.kids[cls][self.choice[cls]]:
                         if kid not in position:
                             stack.append((kid, False))
+                        elif position[kid] == -1:  # an ancestor on the stack: a cycle
+                            return False
         self.position = position
+        return True
 
     def creates_cycle(self, cls: int, new: int) -> bool:
         """Would choosing node `new` for `cls` make `cls` depend on itself?"""
@@ -205,12 +211,14 @@ class _Solution:
                 self.choice[cls] = -change - 2
         self.total = total
 
-    def accept(self, cls: int, new: int) -> bool:
-        """Keep the numbering topological after `cls` took node `new`; whether it changed."""
-        if any(self.position[k] > self.position[cls] for k in self.p.kids[cls][new]):
+    def is_stale(self, cls: int, new: int) -> bool:
+        """Whether the numbering stopped being topological when `cls` took node `new`."""
+        return any(self.position[k] > self.position[cls] for k in self.p.kids[cls][new])
+
+    def accept(self, cls: int, new: int) -> None:
+        """Keep the numbering topological after `cls` took node `new`."""
+        if self.is_stale(cls, new):
             self.renumber()
-            return True
-        return False
 
 
 def _greedy(problem: _Problem, order: list[int]) -> dict[int, int]:
@@ -280,9 +288,14 @@ def _inline_shared(solution: _Solution) -> int:
         if len(users) < 2 or solution.refs.get(shared, 0) == 0:
             continue
         mark, before = solution.mark(), solution.total
-        changed = []
+        # Each reader's cycle check uses the numbering of the choices before the move, which
+        # misses a cycle through two readers switched in this move; the renumbering at the end
+        # finds those. Renumbering is O(classes), so it is done once a move, not once a reader
+        # (bert-16k: 1 s of extraction instead of 19 s). renumber() makes a new dict: this one
+        # stays topological for the choices an undo restores.
+        numbering = solution.position
         ok = True
-        renumbered = False
+        stale = False  # the numbering is not topological for the readers switched so far
         for user in users:
             if shared not in p.kids[user][solution.choice[user]]:
                 continue
@@ -299,15 +312,12 @@ def _inline_shared(solution: _Solution) -> int:
                 ok = False
                 break
             solution.switch(user, best)
-            # The next user's cycle check needs a numbering that is topological for this choice.
-            renumbered = solution.accept(user, best) or renumbered
-            changed.append((user, best))
-        if ok and solution.total < before - 1e-15:
+            stale = stale or solution.is_stale(user, best)
+        if ok and solution.total < before - 1e-15 and (not stale or solution.renumber()):
             accepted += 1
         else:
             solution.undo(mark, before)
-            if renumbered:
-                solution.renumber()
+            solution.position = numbering
     return accepted
 
 

@@ -96,6 +96,33 @@ def test_cycles_are_never_chosen(ilp: bool) -> None:
     assert result.cost == pytest.approx(6.0)
 
 
+def test_readers_inlined_together_never_close_a_cycle() -> None:
+    # Readers 2 and 3 of the costly class 1 can each read the other instead, at no saving alone;
+    # dropping class 1 needs both to switch, which closes the cycle 2 -> 3 -> 2. The inlining
+    # move checks each reader against the numbering from before the move; reader 2 goes first
+    # and then reads 3, numbered after it, so only the move's final renumbering sees the cycle.
+    data = EGraphData(
+        classes={
+            0: [LEAF],
+            1: [_node("S", 0)],
+            2: [_node("A", 1), _node("A2", 3)],
+            3: [_node("B", 1), _node("B2", 2)],
+            4: [_node("R", 3, 2)],
+        }
+    )
+    original = [
+        (0, LEAF),
+        (1, _node("S", 0)),
+        (2, _node("A", 1)),
+        (3, _node("B", 1)),
+        (4, _node("R", 3, 2)),
+    ]
+    cost = _costs({"S": 10.0, "A": 1.0, "A2": 1.0, "B": 1.0, "B2": 1.0, "R": 1.0})
+    result = extract(data, [4], cost, original, ilp_max_nodes=0)
+    assert check_extraction(result.choice, [4]) is None
+    assert result.cost == pytest.approx(13.0)
+
+
 def test_a_cheaper_cycle_is_refused_when_starting_from_the_original_program() -> None:
     # The original program reads class 2 from class 1 (V) though the bottom-up order puts 1
     # first; its numbering once gave both the same position, which hid the cycle that U2 would
