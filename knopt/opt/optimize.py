@@ -210,7 +210,7 @@ def optimize(
     )
     choice, rebuilt, model = kernels.extraction.choice, kernels.rebuilt, kernels.model
     program = _program(rebuilt, choice, model, names)
-    report.patterns = _patterns(rebuilt, choice, model, names)
+    report.patterns = _patterns(algebra, origin)
     report.kernels = len(program.launches())
     report.program = [
         {"kind": k.kind, "op": k.op.name if k.op else "", "seconds": k.cost, "names": list(k.names)}
@@ -241,7 +241,8 @@ def _collector_paused() -> Iterator[None]:
 def _origins(graph: Graph, phase: _Phase) -> dict[int, list[str]]:
     """For each node of phase 1's graph, the original node names it stands for."""
     per_class = {
-        cls: [graph.nodes[i].name or graph.nodes[i].op.name for i in nodes]
+        # One ONNX node often imports as several IR nodes of its name: each name once.
+        cls: list(dict.fromkeys(graph.nodes[i].name or graph.nodes[i].op.name for i in nodes))
         for cls, nodes in attribute(
             graph, phase.saturation.ir_nodes, phase.extraction.choice
         ).items()
@@ -286,18 +287,19 @@ RECOGNISED = frozenset(
 )
 
 
-def _patterns(
-    rebuilt: Rebuilt, choice: dict[int, ENode], model: CostModel, names: dict[int, list[str]]
-) -> list[Pattern]:
-    """The recognised ops of the optimized graph, with the original nodes they replace."""
+def _patterns(algebra: _Phase, origin: dict[int, list[str]]) -> list[Pattern]:
+    """The ops phase 1 recognised, each with the original nodes it replaces.
+
+    Phase 1, not the kernel phase: a fused kernel holds several recognised ops (a LayerNorm
+    with a GELU epilogue), and each should name its own nodes, not the kernel's.
+    """
+    rebuilt, choice, model = algebra.rebuilt, algebra.extraction.choice, algebra.model
     found = []
     for node in rebuilt.graph.nodes:
-        if node.op.name not in RECOGNISED:
+        cls = rebuilt.class_of.get(id(node))
+        if node.op.name not in RECOGNISED or cls is None:
             continue
-        cls = rebuilt.kernel_of.get(id(node), rebuilt.class_of.get(id(node)))
-        if cls is None:
-            continue
-        replaced = names.get(cls) or ([node.name] if node.name else [])
+        replaced = origin.get(id(node)) or ([node.name] if node.name else [])
         found.append(Pattern(node.op.name, replaced, model.node_cost(cls, choice[cls])))
     return found
 

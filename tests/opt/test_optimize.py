@@ -238,3 +238,21 @@ def test_h200_profile_optimizes_to_an_equivalent_graph() -> None:
     assert result.graph.op_histogram()["Attention"] == 2
     feeds = fixture.feeds()
     assert_same(knopt.compile(result.graph).run(None, feeds), knopt.compile(graph).run(None, feeds))
+
+
+def test_each_pattern_names_its_own_nodes_when_one_kernel_fuses_them() -> None:
+    # The demo's LayerNorm feeds a GELU; on the GPU profile both share one kernel, and each
+    # pattern once listed the whole kernel's nodes (the GELU "replaced" the ReduceMeans).
+    demo = Path(knopt.__file__).parent / "data" / "demo.onnx"
+    report = knopt.optimize(knopt.load(demo), profile="h200", ilp=False).report
+    fused = [
+        k["names"]
+        for k in report.program
+        if any("ReduceMean" in n for n in k["names"]) and any("Erf" in n for n in k["names"])
+    ]
+    assert fused, "the LayerNorm and the GELU after it share a kernel"
+    names = {p.op: p.replaced for p in report.patterns}
+    assert any("ReduceMean" in n for n in names["LayerNorm"])
+    assert any("Erf" in n for n in names["GELU"])
+    assert not set(names["LayerNorm"]) & set(names["GELU"])
+    assert all(len(set(p.replaced)) == len(p.replaced) for p in report.patterns)
