@@ -2,6 +2,7 @@
 
 - `graphs()`, `graph_and_inputs()`: hypothesis strategies for random well-typed IR graphs
   whose compositions are biased toward what the shipped rules rewrite.
+- `fuzz_settings(n)`: hypothesis settings for fuzzing a whole pipeline (no deadline).
 - `graph_from_seed(seed)`: the same generator driven by a seed, to reproduce a graph.
 - `random_inputs(graph, rng)`: random non-zero inputs of moderate magnitude.
 - `compare_outputs(actual, expected)`: dtype-aware comparison with magnitude-scaled tolerances.
@@ -13,7 +14,14 @@ from knopt.testing.arrays import random_array, random_inputs
 from knopt.testing.choices import Choices, SeededChoices
 from knopt.testing.compare import Comparison, compare_outputs
 from knopt.testing.generator import GraphGen
-from knopt.testing.strategies import Case, graph_and_inputs, graph_from_seed, graphs, random_graph
+from knopt.testing.strategies import (
+    Case,
+    fuzz_settings,
+    graph_and_inputs,
+    graph_from_seed,
+    graphs,
+    random_graph,
+)
 
 __all__ = [
     "Case",
@@ -22,6 +30,7 @@ __all__ = [
     "GraphGen",
     "SeededChoices",
     "compare_outputs",
+    "fuzz_settings",
     "graph_and_inputs",
     "graph_from_seed",
     "graphs",

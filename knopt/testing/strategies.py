@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from knopt.ir.graph import Graph
@@ -86,3 +87,20 @@ def graph_and_inputs(
     graph = draw(graphs(max_steps=max_steps, max_outputs=max_outputs))
     seed = draw(st.integers(0, 2**32 - 1))
     return Case(graph, random_inputs(graph, np.random.default_rng(seed)))
+
+
+def fuzz_settings(max_examples: int) -> settings:
+    """Hypothesis settings for whole-pipeline fuzzing: no deadline, slow draws allowed.
+
+    Optimizing a drawn graph takes from milliseconds to about a second, and the graphs are
+    large draws; neither is a problem of the test.
+    """
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.function_scoped_fixture,
+        ],
+    )

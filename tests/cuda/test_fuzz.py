@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 import knopt
 from knopt.cpu import run_graph
 from knopt.ir import format_graph
 from knopt.opt.egraph import Limits
-from knopt.testing import Case, compare_outputs, graph_and_inputs
+from knopt.testing import Case, compare_outputs, fuzz_settings, graph_and_inputs
 from knopt.testing.arrays import describe_inputs
 
 pytestmark = pytest.mark.cuda
@@ -26,15 +26,7 @@ EXAMPLES = int(os.environ.get("KNOPT_GPU_FUZZ_EXAMPLES", "300"))
 LIMITS = Limits(seconds=20, nodes=50_000)  # as on the CPU (tests/testing/test_fuzz.py)
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+@fuzz_settings(EXAMPLES)
 @given(case=graph_and_inputs())
 def test_optimized_programs_on_the_gpu_agree_with_the_cpu(case: Case) -> None:
     from knopt.cuda import prepare

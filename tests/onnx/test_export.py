@@ -284,14 +284,15 @@ def test_scatter_reductions_export(rng: np.random.Generator) -> None:
     assert_same(run_onnxruntime(save_onnx(graph), feeds), run_knopt(graph, feeds))
 
 
-@pytest.mark.parametrize(
-    ("strides", "pads", "dilations", "groups"),
-    [
-        ((1, 1), ((0, 0), (0, 0)), (1, 1), 1),
-        ((2, 1), ((1, 2), (0, 1)), (1, 2), 2),
-        ((1, 2), ((2, 2), (1, 1)), (2, 1), 4),
-    ],
-)
+# (strides, pads, dilations, groups) of the float and the integer convolution exports.
+CONV_CASES = [
+    ((1, 1), ((0, 0), (0, 0)), (1, 1), 1),
+    ((2, 1), ((1, 2), (0, 1)), (1, 2), 2),
+    ((1, 2), ((2, 2), (1, 1)), (2, 1), 4),
+]
+
+
+@pytest.mark.parametrize(("strides", "pads", "dilations", "groups"), CONV_CASES)
 def test_conv_exports(
     rng: np.random.Generator,
     strides: tuple[int, int],
@@ -308,14 +309,7 @@ def test_conv_exports(
     assert_same(run_onnxruntime(save_onnx(graph), feeds), run_knopt(graph, feeds))
 
 
-@pytest.mark.parametrize(
-    ("strides", "pads", "dilations", "groups"),
-    [
-        ((1, 1), ((0, 0), (0, 0)), (1, 1), 1),
-        ((2, 1), ((1, 2), (0, 1)), (1, 2), 2),
-        ((1, 2), ((2, 2), (1, 1)), (2, 1), 4),
-    ],
-)
+@pytest.mark.parametrize(("strides", "pads", "dilations", "groups"), CONV_CASES)
 def test_integer_conv_exports(
     rng: np.random.Generator,
     strides: tuple[int, int],

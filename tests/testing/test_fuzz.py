@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 
 import knopt
 from knopt.cpu import run_graph
 from knopt.cpu.program import run_program
 from knopt.ir import DType, GraphBuilder, format_graph
 from knopt.opt.egraph import Limits, saturate
-from knopt.testing import Case, compare_outputs, graph_and_inputs
+from knopt.testing import Case, compare_outputs, fuzz_settings, graph_and_inputs
 from knopt.testing.arrays import describe_inputs
 
 EXAMPLES = int(os.environ.get("KNOPT_FUZZ_EXAMPLES", "300"))
@@ -47,15 +47,7 @@ def _save(case: Case, folder: Path) -> str:
     return f"{text}\ninputs:\n{describe_inputs(case.inputs)}\nsaved as {folder}/fuzz-failure.onnx"
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+@fuzz_settings(EXAMPLES)
 @given(case=graph_and_inputs())
 def test_optimized_graph_and_program_agree_with_the_original(case: Case, failure_dir: Path) -> None:
     expected = run_graph(case.graph, case.inputs)
