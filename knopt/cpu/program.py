@@ -11,6 +11,7 @@ from knopt.cpu.kernels import KERNELS
 from knopt.errors import InputError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
+from knopt.ir.kernel import KernelKind
 from knopt.ir.shape import format_shape
 from knopt.opt.program import (
     Acc,
@@ -62,7 +63,7 @@ def run_kernel(
     kernel: Kernel, args: list[Array], out_dtype: DType, shape: tuple[int, ...]
 ) -> Array:
     """Evaluate one kernel on its input arrays."""
-    if kernel.kind == "elementwise":
+    if kernel.kind == KernelKind.ELEMENTWISE:
         assert kernel.body is not None
         result = evaluate_expr(kernel.body, args)
     else:

@@ -20,19 +20,18 @@ from knopt.cuda.gen.elementwise import copy_launch, emit_elementwise, replace_ac
 from knopt.cuda.layout import Layout, view_layout
 from knopt.errors import CodegenError
 from knopt.ir import op as ops
+from knopt.ir.kernel import FUSED_MAIN_OPS, KernelKind
 from knopt.ir.op import TensorType
-from knopt.opt.program import BinaryE as BinaryExpr
-from knopt.opt.program import CastE, ClampE, Expr, Kernel, Load, UnaryE, WhereE
+from knopt.opt.program import Kernel, Load, elementwise_expr
 
 Lowering = Callable[[LoweringContext, Kernel], None]
 
 
-def _elementwise_op(body: Callable[[ops.Op], Expr]) -> Lowering:
-    def lower(ctx: LoweringContext, kernel: Kernel) -> None:
-        assert kernel.op is not None
-        emit_elementwise(ctx, kernel.output, body(kernel.op), kernel.inputs)
-
-    return lower
+def _elementwise_op(ctx: LoweringContext, kernel: Kernel) -> None:
+    # A single elementwise op: its body reads each input once, in order.
+    assert kernel.op is not None
+    body = elementwise_expr(kernel.op, [Load(i) for i in range(len(kernel.inputs))])
+    emit_elementwise(ctx, kernel.output, body, kernel.inputs)
 
 
 def _view_copy(ctx: LoweringContext, kernel: Kernel) -> None:
@@ -60,20 +59,12 @@ def _emit_copy(ctx: LoweringContext, out: int, source: int) -> None:
 OP_LOWERINGS: dict[type[ops.Op], Lowering] = {
     ops.Iota: data.emit_iota,
     ops.Sizes: data.emit_sizes,
-    ops.View: _view_copy,
-    ops.Broadcast: _view_copy,
-    ops.Permute: _view_copy,
-    ops.Slice: _view_copy,
-    ops.Flip: _view_copy,
+    **dict.fromkeys(ops.VIEW_OPS, _view_copy),
+    **dict.fromkeys(ops.ELEMENTWISE_OPS, _elementwise_op),
     ops.Pad: data.emit_pad,
     ops.Concat: data.emit_concat,
     ops.Gather: data.emit_gather,
     ops.Scatter: data.emit_scatter,
-    ops.Cast: _elementwise_op(lambda op: CastE(Load(0), op.dtype)),  # type: ignore[attr-defined]
-    ops.UnaryOp: _elementwise_op(lambda op: UnaryE(op.kind, Load(0))),  # type: ignore[attr-defined]
-    ops.BinaryOp: _elementwise_op(lambda op: BinaryExpr(op.kind, Load(0), Load(1))),  # type: ignore[attr-defined]
-    ops.Clamp: _elementwise_op(lambda op: ClampE(Load(0), op.lo, op.hi)),  # type: ignore[attr-defined]
-    ops.Where: _elementwise_op(lambda op: WhereE(Load(0), Load(1), Load(2))),
     ops.Reduce: reduce.emit_reduce,
     ops.ArgReduce: reduce.emit_arg_reduce,
     ops.ArgSort: reduce.emit_arg_sort,
@@ -87,27 +78,6 @@ OP_LOWERINGS: dict[type[ops.Op], Lowering] = {
     ops.Attention: attention.emit_attention,
 }
 
-# Ops whose generators fuse a prologue and an epilogue themselves.
-FUSING: frozenset[type[ops.Op]] = frozenset(
-    {
-        ops.Reduce,
-        ops.Softmax,
-        ops.LayerNorm,
-        ops.RmsNorm,
-        ops.MatMul,
-        ops.Conv,
-    }
-)
-
-FUSED_KIND_OPS: dict[str, type[ops.Op]] = {
-    "reduce": ops.Reduce,
-    "softmax": ops.Softmax,
-    "layer_norm": ops.LayerNorm,
-    "rms_norm": ops.RmsNorm,
-    "matmul": ops.MatMul,
-    "conv": ops.Conv,
-}
-
 
 def lower_kernel(ctx: LoweringContext, kernel: Kernel) -> None:
     """Append the steps of one (non-view) kernel.
@@ -115,7 +85,7 @@ def lower_kernel(ctx: LoweringContext, kernel: Kernel) -> None:
     Raises:
         CodegenError: If the kernel's kind and op disagree or it has no GPU lowering.
     """
-    if kernel.kind == "elementwise":
+    if kernel.kind == KernelKind.ELEMENTWISE:
         if kernel.body is None:
             raise CodegenError(f"{ctx.where}: elementwise kernel without a body")
         emit_elementwise(ctx, kernel.output, kernel.body, kernel.inputs)
@@ -123,13 +93,15 @@ def lower_kernel(ctx: LoweringContext, kernel: Kernel) -> None:
     op = kernel.op
     if op is None:
         raise CodegenError(f"{ctx.where}: kernel kind '{kernel.kind}' has no op")
-    expected = FUSED_KIND_OPS.get(kernel.kind)
+    fused = KernelKind.of_name(kernel.kind)
+    expected = fused.main_op if fused is not None else None
     if expected is not None and not isinstance(op, expected):
         raise CodegenError(f"{ctx.where}: kind '{kernel.kind}' needs a {expected.__name__} op")
     lowering = OP_LOWERINGS.get(type(op))
     if lowering is None:
         raise CodegenError(f"{ctx.where}: no CUDA lowering for {op.name}")
-    if type(op) in FUSING or (kernel.prologue is None and kernel.epilogue is None):
+    # The generators of fused kinds' main ops fuse a prologue and an epilogue themselves.
+    if type(op) in FUSED_MAIN_OPS or (kernel.prologue is None and kernel.epilogue is None):
         lowering(ctx, kernel)
         return
     _split(ctx, kernel, lowering)

@@ -893,3 +893,14 @@ OP_CLASSES: tuple[type[Op], ...] = (
     RmsNorm,
     Attention,
 )
+
+# ---- op groups ---------------------------------------------------------------------------
+# Class names are the schema.egg constructor names. Tables that treat a group alike derive
+# from these sets, so a new op joins a group in one place.
+
+LEAF_OPS: frozenset[type[Op]] = frozenset({Input, Constant, Iota, Sizes})  # no operands
+# No work: a kernel reads the input through strides (a layout), never a copy.
+VIEW_OPS: frozenset[type[Op]] = frozenset({View, Broadcast, Permute, Slice, Flip})
+# Each output element from the elements at the same index of equally shaped operands: the ops
+# a fused kernel's scalar body is made of.
+ELEMENTWISE_OPS: frozenset[type[Op]] = frozenset({Cast, UnaryOp, BinaryOp, Clamp, Where})

@@ -11,14 +11,17 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from knopt.errors import KnoptError
+from knopt.errors import KnoptError, OptimizeError
+from knopt.ir import op as ops
 from knopt.ir.dtype import DType
+from knopt.ir.kernel import KernelKind
 from knopt.opt.serialized import EGraphData, ENode, SRef
+from knopt.opt.terms import LEAF_TERMS
 
 
 @dataclass(frozen=True)
@@ -143,19 +146,9 @@ H200 = DeviceProfile(
 H200_GRAPH = DeviceProfile("h200-graph", H200.bandwidth, H200.peak, launch=0.8e-6)
 PROFILES = {p.name: p for p in (CPU, H200, H200_GRAPH)}
 
-_MAIN_OP = {
-    "KMatMul": "MatMul",
-    "KConv": "Conv",
-    "KSoftmax": "Softmax",
-    "KLayerNorm": "LayerNorm",
-    "KRmsNorm": "RmsNorm",
-}
-FREE_OPS = frozenset(
-    {"Input", "Constant", "Splat", "Iota", "Sizes", "View", "Broadcast", "Permute", "Slice", "Flip"}
-)
-# Rough arithmetic per element of the result, relative to an add.
-_LEAVES = frozenset({"Input", "Constant", "Splat", "Iota", "Sizes"})
+FREE_OPS = LEAF_TERMS | {cls.__name__ for cls in ops.VIEW_OPS}
 _TRACE = 1e-12
+# Rough arithmetic per element of the result, relative to an add (1, for kinds not listed).
 _KIND_FLOPS = {
     "EXP": 8,
     "LOG": 8,
@@ -218,7 +211,7 @@ class CostModel:
         """Seconds to compute `node` as its own kernel (0 for views, leaves and folds)."""
         if node.op in FREE_OPS:
             # Views cost nothing to run; a trace of cost prefers one view over a chain of them.
-            return 0.0 if node.op in _LEAVES else _TRACE
+            return 0.0 if node.op in LEAF_TERMS else _TRACE
         children = self.data.children(node)
         out = self.numel(cls)
         if self.folding and cls in self.data.folds and all(c in self.data.folds for c in children):
@@ -272,34 +265,118 @@ class CostModel:
         return out
 
     def flops(self, cls: int, node: ENode, out: int) -> float:
-        """Estimated arithmetic of a node."""
-        op = _MAIN_OP.get(node.op, node.op)
-        if node.op == "KReduce":
-            loads = self.data.loads(node.args[1].id)
-            return float(max([self.numel(c) for c in loads], default=out))
-        if node.op == "KElem":
-            return 0.0
-        if op == "MatMul":
-            a = self.shape(node.args[0].id)
-            return 2.0 * out * a[-1]
-        if op == "Attention":
-            q, v = self.shape(node.args[0].id), self.shape(node.args[2].id)
-            keys = self.shape(node.args[1].id)[-2]
-            rows = math.prod(q[:-1])
-            return 2.0 * rows * keys * (q[-1] + v[-1]) + 8.0 * rows * keys
-        if op == "Conv":
-            w = self.shape(node.args[1].id)
-            return 2.0 * out * math.prod(w[1:])
-        if op == "Pool":
-            return float(out * math.prod(node.args[2]))
-        if op in ("Reduce", "ArgReduce", "CumSum"):
-            return float(self.numel(node.args[1 if op == "Reduce" else 0].id))
-        if op in ("Softmax", "LayerNorm", "RmsNorm"):
-            return 8.0 * out
-        if op == "ArgSort":
-            return out * max(1.0, math.log2(max(out, 2))) * 4
-        if op == "UnaryOp":
-            return float(out * _KIND_FLOPS.get(node.args[0], 1))
-        if op == "BinaryOp":
-            return float(out * _KIND_FLOPS.get(node.args[0], 1))
-        return float(out)
+        """Estimated arithmetic of a node.
+
+        Raises:
+            OptimizeError: If the cost model does not know the node's constructor.
+        """
+        count = FLOPS.get(node.op)
+        if count is None:
+            raise OptimizeError(
+                f"the cost model has no arithmetic estimate for {node.op}; add one to FLOPS "
+                "in knopt/opt/cost.py"
+            )
+        return count(self, node, out)
+
+
+FlopCount = Callable[[CostModel, ENode, int], float]
+
+
+def _per_element(model: CostModel, node: ENode, out: int) -> float:
+    return float(out)
+
+
+def _of_kind(model: CostModel, node: ENode, out: int) -> float:
+    return float(out * _KIND_FLOPS.get(node.args[0], 1))
+
+
+def _reads_operand(index: int) -> FlopCount:
+    """One operation per element of argument `index` (reductions and scans)."""
+
+    def count(model: CostModel, node: ENode, out: int) -> float:
+        return float(model.numel(node.args[index].id))
+
+    return count
+
+
+def _matmul(model: CostModel, node: ENode, out: int) -> float:
+    a = model.shape(node.args[0].id)
+    return 2.0 * out * a[-1]
+
+
+def _conv(model: CostModel, node: ENode, out: int) -> float:
+    w = model.shape(node.args[1].id)
+    return 2.0 * out * math.prod(w[1:])
+
+
+def _pool(model: CostModel, node: ENode, out: int) -> float:
+    return float(out * math.prod(node.args[2]))
+
+
+def _rowwise(model: CostModel, node: ENode, out: int) -> float:
+    return 8.0 * out
+
+
+def _arg_sort(model: CostModel, node: ENode, out: int) -> float:
+    return out * max(1.0, math.log2(max(out, 2))) * 4
+
+
+def _attention(model: CostModel, node: ENode, out: int) -> float:
+    q, v = model.shape(node.args[0].id), model.shape(node.args[2].id)
+    keys = model.shape(node.args[1].id)[-2]
+    rows = math.prod(q[:-1])
+    return 2.0 * rows * keys * (q[-1] + v[-1]) + 8.0 * rows * keys
+
+
+def _elementwise_kernel(model: CostModel, node: ENode, out: int) -> float:
+    return 0.0  # all of it is in the body, which `node_cost` counts
+
+
+def _reduce_kernel(model: CostModel, node: ENode, out: int) -> float:
+    loads = model.data.loads(node.args[1].id)
+    return float(max([model.numel(c) for c in loads], default=out))
+
+
+_OP_FLOPS: dict[type[ops.Op], FlopCount] = {
+    ops.Pad: _per_element,
+    ops.Concat: _per_element,
+    ops.Gather: _per_element,
+    ops.Scatter: _per_element,
+    ops.Cast: _per_element,
+    ops.UnaryOp: _of_kind,
+    ops.BinaryOp: _of_kind,
+    ops.Clamp: _per_element,
+    ops.Where: _per_element,
+    ops.Reduce: _reads_operand(1),
+    ops.ArgReduce: _reads_operand(0),
+    ops.ArgSort: _arg_sort,
+    ops.CumSum: _reads_operand(0),
+    ops.MatMul: _matmul,
+    ops.Conv: _conv,
+    ops.Pool: _pool,
+    ops.Softmax: _rowwise,
+    ops.LayerNorm: _rowwise,
+    ops.RmsNorm: _rowwise,
+    ops.Attention: _attention,
+}
+
+
+def _kernel_flops(kind: KernelKind) -> FlopCount:
+    """A kernel's own arithmetic: its main op's, whose arguments a kernel term keeps in place.
+
+    A reduction's prologue runs over the reduction's input, which the kernel term does not
+    hold as a tensor: its size is the largest tensor the prologue loads.
+    """
+    if kind is KernelKind.ELEMENTWISE:
+        return _elementwise_kernel
+    if kind is KernelKind.REDUCE:
+        return _reduce_kernel
+    assert kind.main_op is not None
+    return _OP_FLOPS[kind.main_op]
+
+
+# Every constructor that is not free (leaves, views), by schema.egg name.
+FLOPS: dict[str, FlopCount] = {
+    **{cls.__name__: count for cls, count in _OP_FLOPS.items()},
+    **{kind.constructor: _kernel_flops(kind) for kind in KernelKind},
+}

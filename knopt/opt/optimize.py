@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from knopt.ir.graph import Graph
+from knopt.ir.kernel import KernelKind
 from knopt.ir.validate import validate
 from knopt.opt.cost import CostModel, DeviceProfile, find_profile
 from knopt.opt.egraph import DEFAULT_LIMITS, Limits, Phase, Saturation, saturate
@@ -256,19 +257,9 @@ def _origins(graph: Graph, phase: _Phase) -> dict[int, list[str]]:
     return found
 
 
-_KERNEL_KINDS = {
-    "KElem": "elementwise",
-    "KReduce": "reduce",
-    "KSoftmax": "softmax",
-    "KLayerNorm": "layer_norm",
-    "KRmsNorm": "rms_norm",
-    "KMatMul": "matmul",
-    "KConv": "conv",
-}
-
-
 def _kernel_kind(node: ENode) -> str:
-    return _KERNEL_KINDS.get(node.op, node.op)
+    kind = KernelKind.of_constructor(node.op)
+    return node.op if kind is None else kind
 
 
 RECOGNISED = frozenset(

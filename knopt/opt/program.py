@@ -21,14 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Node, Value
-from knopt.ir.op import Binary, TensorType, Unary
+from knopt.ir.kernel import KernelKind
+from knopt.ir.op import VIEW_OPS, Binary, TensorType, Unary
 
 # ---- scalar bodies ------------------------------------------------------------------------
 
@@ -138,8 +139,7 @@ def format_expr(expr: Expr) -> str:
 
 # ---- kernels and programs -----------------------------------------------------------------
 
-VIEW_OPS = (ops.View, ops.Broadcast, ops.Permute, ops.Slice, ops.Flip)
-FUSED_KINDS = ("elementwise", "reduce", "softmax", "layer_norm", "rms_norm", "matmul", "conv")
+VIEW = "view"  # the kind of view kernels, which alias their input
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ class Kernel:
     """One kernel launch (or view) of a program.
 
     Attributes:
-        kind: An op name for single-op kernels, "view", or one of FUSED_KINDS.
+        kind: An op name for single-op kernels, "view", or a `KernelKind` (fused kernels).
         op: The IR op (the main op of fused kinds; None for "elementwise").
         inputs: Tensor ids read, in the order `Load` indices and the op's operands use: for
             fused main ops the op's own operands come first when there is no prologue.
@@ -185,7 +185,7 @@ class Kernel:
     @property
     def is_view(self) -> bool:
         """True for views, which cost nothing and launch nothing."""
-        return self.kind == "view"
+        return self.kind == VIEW
 
 
 @dataclass
@@ -248,16 +248,6 @@ def program_from_graph(
     return builder.program()
 
 
-_MAIN_KINDS = {
-    ops.Reduce: "reduce",
-    ops.Softmax: "softmax",
-    ops.LayerNorm: "layer_norm",
-    ops.RmsNorm: "rms_norm",
-    ops.MatMul: "matmul",
-    ops.Conv: "conv",
-}
-
-
 class _ProgramBuilder:
     """Turns graph nodes into tensors and kernels."""
 
@@ -286,12 +276,12 @@ class _ProgramBuilder:
             return None
         inputs = tuple(self.ids[id(v)] for v in node.inputs)
         out = self.tensor(node.output, "intermediate")
-        kind = "view" if isinstance(op, VIEW_OPS) else op.name
+        kind = VIEW if type(op) in VIEW_OPS else op.name
         return Kernel(kind, op, inputs, out, names=tuple(names) or _own_name(node), cost=cost)
 
     def fused(self, nodes: list[Node], cost: float, names: Sequence[str]) -> Kernel:
         inside = {id(n) for n in nodes}
-        mains = [n for n in nodes if type(n.op) in _MAIN_KINDS]
+        mains = [n for n in nodes if KernelKind.of_main_op(type(n.op)) is not None]
         assert len(mains) <= 1, "a fused kernel has one main op"
         loads: list[int] = []
         result = nodes[-1]
@@ -314,10 +304,13 @@ class _ProgramBuilder:
         label = tuple(names) or tuple(dict.fromkeys(n.name for n in nodes if n.name))
         if main_node is None:
             body = _expr(result, load)
-            return Kernel("elementwise", None, tuple(loads), out, body=body, names=label, cost=cost)
-        kind = _MAIN_KINDS[type(main_node.op)]
+            return Kernel(
+                KernelKind.ELEMENTWISE, None, tuple(loads), out, body=body, names=label, cost=cost
+            )
+        kind = KernelKind.of_main_op(type(main_node.op))
+        assert kind is not None
         prologue = None
-        if kind in ("matmul", "conv"):
+        if not kind.has_prologue:
             for operand in main_node.inputs:
                 tid = self.ids[id(operand)]
                 loads.append(tid)
@@ -360,7 +353,7 @@ def _own_name(node: Node) -> tuple[str, ...]:
 def _splat_of(value: Value, inside: set[int]) -> float | None:
     """The value of a splat constant made for a kernel (seen through its views), or None."""
     node = value.producer
-    while id(node) in inside and isinstance(node.op, VIEW_OPS):
+    while id(node) in inside and type(node.op) in VIEW_OPS:
         node = node.inputs[0].producer
     if isinstance(node.op, ops.Constant) and (
         id(node) in inside or node.output.type.shape == () or node.op.data.array.size == 1
@@ -372,19 +365,27 @@ def _splat_of(value: Value, inside: set[int]) -> float | None:
 
 def _expr(node: Node, load: Callable[[Value], Expr]) -> Expr:
     """The scalar body of an elementwise node; its inputs are `load`ed."""
-    op = node.op
-    args = [load(v) for v in node.inputs]
-    if isinstance(op, ops.UnaryOp):
-        return UnaryE(op.kind, args[0])
-    if isinstance(op, ops.BinaryOp):
-        return BinaryE(op.kind, args[0], args[1])
-    if isinstance(op, ops.Clamp):
-        return ClampE(args[0], op.lo, op.hi)
-    if isinstance(op, ops.Cast):
-        return CastE(args[0], op.dtype)
-    if isinstance(op, ops.Where):
-        return WhereE(args[0], args[1], args[2])
-    raise AssertionError(f"{node.describe()} is not elementwise but sits in a fused body")
+    if type(node.op) not in ops.ELEMENTWISE_OPS:
+        raise AssertionError(f"{node.describe()} is not elementwise but sits in a fused body")
+    return elementwise_expr(node.op, [load(v) for v in node.inputs])
+
+
+def elementwise_expr(op: ops.Op, args: Sequence[Expr]) -> Expr:
+    """The scalar body of an elementwise op applied to `args`.
+
+    Raises:
+        KeyError: If `op` is not one of `ELEMENTWISE_OPS`.
+    """
+    return ELEMENTWISE_EXPRS[type(op)](op, args)
+
+
+ELEMENTWISE_EXPRS: dict[type[ops.Op], Callable[[Any, Sequence[Expr]], Expr]] = {
+    ops.UnaryOp: lambda op, a: UnaryE(op.kind, a[0]),
+    ops.BinaryOp: lambda op, a: BinaryE(op.kind, a[0], a[1]),
+    ops.Clamp: lambda op, a: ClampE(a[0], op.lo, op.hi),
+    ops.Cast: lambda op, a: CastE(a[0], op.dtype),
+    ops.Where: lambda op, a: WhereE(a[0], a[1], a[2]),
+}
 
 
 def format_program(program: Program) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -20,26 +20,51 @@ from knopt.ir import op as ops
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Node, Value
+from knopt.ir.kernel import KERNEL_CONSTRUCTORS, KernelKind
 from knopt.ir.op import Binary, PadMode, PoolKind, Reduction, ScatterReduction, TensorType, Unary
 from knopt.ir.shape import Dim
-from knopt.opt.serialized import EGraphData, ENode
-from knopt.opt.terms import ENUM_PREFIX, TermTables
+from knopt.opt.serialized import EGraphData, ENode, SRef
+from knopt.opt.terms import TermTables
+from knopt.opt.terms import enum_member as _enum
 
-_VIEWS = frozenset({"View", "Broadcast", "Permute", "Slice", "Flip"})
-KERNEL_OPS = frozenset(
-    {"KElem", "KReduce", "KSoftmax", "KLayerNorm", "KRmsNorm", "KMatMul", "KConv"}
-)
-
-
-def _enum(kind: type[Any], name: str) -> Any:
-    return kind[name[len(ENUM_PREFIX[kind]) :]]
+_VIEWS = frozenset(cls.__name__ for cls in ops.VIEW_OPS)
 
 
 def _pairs(flat: Sequence[int]) -> tuple[tuple[int, int], ...]:
     return tuple((flat[i], flat[i + 1]) for i in range(0, len(flat), 2))
 
 
-Decoder = Callable[["_Rebuilder", tuple[Any, ...]], ops.Op]
+class SizeCodes(Protocol):
+    """What a decoder reads sizes with: i64 codes to sizes (negative codes are symbolic)."""
+
+    def size(self, code: int) -> Dim:
+        """The size a code stands for."""
+        ...
+
+    def shape(self, codes: tuple[int, ...]) -> tuple[Dim, ...]:
+        """The sizes an IVec of codes stands for."""
+        ...
+
+
+Decoder = Callable[[SizeCodes, tuple[Any, ...]], ops.Op]
+
+
+def decode_main_op(sizes: SizeCodes, node: ENode) -> ops.Op | None:
+    """The main op of a kernel term, or None for an elementwise kernel.
+
+    A kernel term's arguments are its main op's term arguments (the operand a prologue
+    computes written as that prologue) followed by the epilogue (knopt/ir/kernel.py).
+    """
+    kind = KernelKind.of_constructor(node.op)
+    assert kind is not None, f"{node.op} is no kernel term"
+    if kind.main_op is None:
+        return None
+    return DECODERS[kind.main_op.__name__](sizes, node.args[:-1])
+
+
+def prologue_of(node: ENode) -> SRef:
+    """The prologue of a kernel term whose kind has one: its first scalar argument."""
+    return next(arg for arg in node.args if isinstance(arg, SRef))
 
 
 class _Rebuilder:
@@ -91,7 +116,7 @@ class _Rebuilder:
                 return builder.constant(self.tables.constants[node.args[0]])
             value, shape, dtype = node.args
             return _splat(builder, value, self.shape(shape), DType[dtype])
-        if node.op in KERNEL_OPS:
+        if node.op in KERNEL_CONSTRUCTORS:
             builder.scope = cls
             try:
                 result = self._expand_kernel(cls, node)
@@ -99,7 +124,13 @@ class _Rebuilder:
                 builder.scope = None
             self._check_type(cls, node, result)
             return result
-        op = DECODERS[node.op](self, node.args)
+        decode = DECODERS.get(node.op)
+        if decode is None:
+            raise OptimizeError(
+                f"e-class {cls}: {node.op} has no IR op to rebuild; add its decoder to "
+                "DECODERS in knopt/opt/rebuild.py"
+            )
+        op = decode(self, node.args)
         inputs = [self.values[k] for k in node.children()]
         folded = cls in self.data.folds and all(k in self.constant for k in node.children())
         if folded:
@@ -119,32 +150,20 @@ class _Rebuilder:
 
     def _expand_kernel(self, cls: int, node: ENode) -> Value:
         """A fused kernel written out as IR ops (built in the kernel's own builder scope)."""
-        b = self.builder
         shape = self.shape(self.data.shapes[cls])
-        a = node.args
-        if node.op == "KElem":
-            return self._expand(a[0].id, shape, None)
-        if node.op == "KMatMul":
-            acc = b.matmul(self.values[a[0].id], self.values[a[1].id])
-            return self._expand(a[2].id, shape, acc)
-        if node.op == "KConv":
-            conv = DECODERS["Conv"](self, a[:7])
-            acc = b.apply(conv, [self.values[a[0].id], self.values[a[1].id]])
-            return self._expand(a[7].id, shape, acc)
-        prologue, epilogue = a[1 if node.op == "KReduce" else 0], a[-1]
-        loads = self.data.loads(prologue.id)
-        source = self.values[min(loads)].shape if loads else shape
-        x = self._expand(prologue.id, source, None)
-        main: ops.Op
-        if node.op == "KReduce":
-            main = ops.Reduce(_enum(Reduction, a[0]), tuple(a[2]))
-        elif node.op == "KSoftmax":
-            main = ops.Softmax(a[1])
-        elif node.op == "KLayerNorm":
-            main = ops.LayerNorm(a[1], a[2])
+        kind = KernelKind.of_constructor(node.op)
+        main = decode_main_op(self, node)
+        epilogue = node.args[-1]
+        if kind is None or main is None:
+            return self._expand(node.args[0].id, shape, None)
+        if kind.has_prologue:
+            prologue = prologue_of(node)
+            loads = self.data.loads(prologue.id)
+            source = self.values[min(loads)].shape if loads else shape
+            operands = [self._expand(prologue.id, source, None)]
         else:
-            main = ops.RmsNorm(a[1], a[2])
-        return self._expand(epilogue.id, shape, b.apply(main, [x]))
+            operands = [self.values[k] for k in node.children()]
+        return self._expand(epilogue.id, shape, self.builder.apply(main, operands))
 
     def _expand(self, sid: int, shape: tuple[Dim, ...], acc: Value | None) -> Value:
         """A scalar body as IR ops over tensors of `shape` (`acc` stands for SAcc)."""

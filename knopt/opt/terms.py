@@ -1,7 +1,8 @@
 """IR graphs as egglog terms (rules/schema.egg), built as command objects without text parsing.
 
 Each IR op class has one encoder in `ENCODERS` that gives its constructor name and attribute
-arguments; `schema.egg` declares the constructors with the same names (a test checks both).
+arguments; `schema.egg` declares the constructors with the same names (tests/test_tables.py
+checks both).
 Symbolic sizes become negative sentinels, large constants become indices into a table, and
 constants whose elements are all equal become `Splat`s.
 """
@@ -11,19 +12,24 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from egglog import bindings as eb
 
+from knopt.errors import OptimizeError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Node
 from knopt.ir.op import Binary, PadMode, PoolKind, Reduction, ScatterReduction, Unary
 from knopt.ir.shape import Dim, Sym
 
+EnumT = TypeVar("EnumT", bound=enum.Enum)
 SPAN = eb.PanicSpan()
 SENTINEL_BASE = -1000  # symbolic sizes are SENTINEL_BASE - k; real sizes are never negative
+# A constant whose elements are all equal is a `Splat` term, a leaf beside the leaf ops.
+SPLAT = "Splat"
+LEAF_TERMS = frozenset({cls.__name__ for cls in ops.LEAF_OPS} | {SPLAT})
 
 # Enum members appear as nullary constructors; enums whose member names clash with an earlier
 # enum's get a prefix (schema.egg says the same).
@@ -41,6 +47,11 @@ ENUM_PREFIX: dict[type[enum.Enum], str] = {
 def enum_constructor(member: enum.Enum) -> str:
     """The schema.egg constructor name of an enum member."""
     return ENUM_PREFIX[type(member)] + member.name
+
+
+def enum_member(kind: type[EnumT], constructor: str) -> EnumT:
+    """The member of `kind` that a schema.egg constructor names (`enum_constructor` undone)."""
+    return kind[constructor.removeprefix(ENUM_PREFIX[kind])]
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,6 +115,10 @@ class TermTables:
         """The size an i64 stands for."""
         return code if code >= 0 else self.symbols[SENTINEL_BASE - code]
 
+    def shape(self, codes: Sequence[int]) -> tuple[Dim, ...]:
+        """The sizes an IVec of i64s stands for."""
+        return tuple(self.size(c) for c in codes)
+
     def constant(self, data: ops.ConstData) -> int:
         """The table index of a constant."""
         if data.digest not in self._constant_index:
@@ -158,7 +173,7 @@ def _constant(e: _Encoder, op: ops.Constant, node: Node, args: list[Any]) -> Any
     splat = op.data.splat_value()
     # f64 holds every float splat, and integers up to 2^53 exactly; larger ones stay tables.
     if splat is not None and (t.dtype.is_float or abs(splat) < 2**53):
-        return call("Splat", _float(float(splat)), e.shape(t.shape), e.enum(t.dtype))
+        return call(SPLAT, _float(float(splat)), e.shape(t.shape), e.enum(t.dtype))
     return call("Constant", lit(e.tables.constant(op.data)), e.shape(t.shape), e.enum(t.dtype))
 
 
@@ -350,6 +365,16 @@ def _attention(e: _Encoder, op: ops.Attention, node: Node, args: list[Any]) -> A
     return call("Attention", *args, _float(op.scale))
 
 
+def _encoder_of(node: Node) -> Encoder:
+    encode = ENCODERS.get(type(node.op))
+    if encode is None:
+        raise OptimizeError(
+            f"{node.describe()}: {type(node.op).__name__} has no egglog term; add its encoder "
+            "to ENCODERS in knopt/opt/terms.py and its constructor to rules/schema.egg"
+        )
+    return encode
+
+
 def graph_commands(graph: Graph, tables: TermTables) -> LoadedGraph:
     """The commands that add `graph` to an e-graph.
 
@@ -364,7 +389,8 @@ def graph_commands(graph: Graph, tables: TermTables) -> LoadedGraph:
     commands = []
     for index, node in enumerate(graph.nodes):
         value = node.output
-        term = ENCODERS[type(node.op)](encoder, node.op, node, [exprs[id(v)] for v in node.inputs])
+        encode = _encoder_of(node)
+        term = encode(encoder, node.op, node, [exprs[id(v)] for v in node.inputs])
         terms.append(term)
         if len(value.users()) == 1 and id(value) not in outputs:
             exprs[id(value)] = term

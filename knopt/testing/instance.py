@@ -253,7 +253,7 @@ class _Attempt:
                 stack.extend((k, 0) for k in kids)
             else:
                 args = tuple(self.attrs.get(current, {}).get(i) for i in range(len(call.args)))
-                op = DECODERS[call.name](_Shim(), args)  # type: ignore[arg-type]
+                op = DECODERS[call.name](_Shim(), args)
                 inputs = [self.values[k] for k in self.children(current)]
                 self.values[current] = self.builder.apply(op, inputs)
         return self.values[var]

@@ -19,16 +19,17 @@ from knopt.cpu.elementwise import NUMPY_UNARY
 from knopt.cpu.kernels import KERNELS
 from knopt.ir import op as ops
 from knopt.ir.graph import Graph
-from knopt.ir.op import Input, Iota, Reduction, Sizes, TensorType, Unary
+from knopt.ir.kernel import KERNEL_CONSTRUCTORS, KernelKind
+from knopt.ir.op import Input, Iota, Sizes, TensorType, Unary
 from knopt.ir.shape import is_static, static_dims
-from knopt.opt.rebuild import KERNEL_OPS
+from knopt.opt.rebuild import decode_main_op, prologue_of
 from knopt.opt.serialized import SRef
 from knopt.opt.terms import TermTables
 from knopt.testing.compare import compare_arrays
 from knopt.testing.facts import Fact
 from knopt.testing.values import ClassValues, Uncomputable
 
-ELEMENTWISE = frozenset({"UnaryOp", "BinaryOp", "Clamp", "Cast", "Where"})
+ELEMENTWISE = frozenset(cls.__name__ for cls in ops.ELEMENTWISE_OPS)
 LINEAR_BODY = frozenset({"SAcc", "SConst", "SLoad", "SBinary"})
 
 
@@ -201,7 +202,7 @@ def _leaf(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     cls = args[0].id
     data = ctx.values.data
     nodes = data.classes.get(cls, [])
-    if cls in data.folds or any(n.op not in ELEMENTWISE | KERNEL_OPS for n in nodes):
+    if cls in data.folds or any(n.op not in ELEMENTWISE | KERNEL_CONSTRUCTORS for n in nodes):
         return None
     return f"e-class {cls} holds only elementwise ops"
 
@@ -214,32 +215,27 @@ def _body_computes(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str |
 def _epilogue_of(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     y, ep = args
     nodes = ctx.values.data.classes.get(y.id, [])
-    return None if any(n.op in KERNEL_OPS and n.args[-1] == ep for n in nodes) else "no kernel"
+    found = any(n.op in KERNEL_CONSTRUCTORS and n.args[-1] == ep for n in nodes)
+    return None if found else "no kernel"
 
 
 def _accumulator(ctx: FactContext, node: Any) -> np.ndarray:
     """The main result of a reduce, softmax or norm kernel, before its epilogue."""
-    a = node.args
-    prologue = a[1] if node.op == "KReduce" else a[0]
-    x = ctx.values.body(prologue.id)
-    main: ops.Op
-    if node.op == "KReduce":
-        main = ops.Reduce(Reduction[a[0].removeprefix("REDUCE_")], tuple(a[2]))
-    elif node.op == "KSoftmax":
-        main = ops.Softmax(a[1])
-    elif node.op == "KLayerNorm":
-        main = ops.LayerNorm(a[1], a[2])
-    else:
-        main = ops.RmsNorm(a[1], a[2])
+    main = decode_main_op(ctx.tables, node)
+    assert main is not None
+    x = ctx.values.body(prologue_of(node).id)
     return np.asarray(KERNELS[type(main)](main, x))
+
+
+def _has_prologue(constructor: str) -> bool:
+    kind = KernelKind.of_constructor(constructor)
+    return kind is not None and kind.has_prologue
 
 
 def _extends(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     e, y, ep, ep2 = args
     kernels = [
-        n
-        for n in ctx.values.data.classes.get(y.id, [])
-        if n.op in ("KReduce", "KSoftmax", "KLayerNorm", "KRmsNorm") and n.args[-1] == ep
+        n for n in ctx.values.data.classes.get(y.id, []) if _has_prologue(n.op) and n.args[-1] == ep
     ]
     if not kernels:
         raise Uncomputable(f"e-class {y.id} has no kernel with that epilogue")
