@@ -33,7 +33,7 @@ import onnx.backend.test  # noqa: E402
 from onnx.backend.test.loader import load_model_tests  # noqa: E402
 
 import knopt.onnx  # noqa: E402
-from knopt.onnx.backend import KnoptBackend  # noqa: E402
+from knopt.onnx_backend import KnoptBackend  # noqa: E402
 from tests.onnx.test_backend import XFAIL, excluded_names, model_opsets  # noqa: E402
 
 DATE = datetime.date.today().isoformat()  # the day the numbers are measured

@@ -234,7 +234,7 @@ def bandwidth() -> dict[str, float]:
     from knopt.ir import GraphBuilder
     from knopt.ir.dtype import DType
     from knopt.ir.op import Binary, Unary
-    from knopt.opt.program import BinaryE, Kernel, Load, UnaryE, program_from_graph
+    from knopt.ir.program import BinaryE, Kernel, Load, UnaryE, program_from_graph
 
     n = 1 << 26  # 256 MiB per f32 tensor: far beyond the 50 MB L2
     source = torch.randn(n, device="cuda")

@@ -28,15 +28,18 @@ from knopt.errors import (
     UnsupportedModelError,
 )
 from knopt.ir.graph import Graph
+from knopt.onnx.export import DEFAULT_OPSET, save_onnx
+from knopt.onnx.export_kernels import save_kernels
+from knopt.onnx.load import import_model, load_model
+from knopt.opt.optimize import OptimizeResult
+from knopt.opt.optimize import optimize as run_optimizer
 from knopt.session import PerSizeSession, Session
+from knopt.version import __version__
 
 if TYPE_CHECKING:
     from onnx import ModelProto
 
     from knopt.opt.cost import DeviceProfile
-    from knopt.opt.optimize import OptimizeResult
-
-__version__ = "0.1.0"
 
 
 def load(source: str | os.PathLike[str] | bytes, dims: Mapping[str, int] | None = None) -> Graph:
@@ -52,28 +55,36 @@ def load(source: str | os.PathLike[str] | bytes, dims: Mapping[str, int] | None 
         UnsupportedModelError: If the model uses something knopt does not support.
         InvalidGraphError: If the model's graph is malformed.
     """
-    from knopt.onnx import import_model, load_model
-
     return import_model(load_model(source), dims)
 
 
 def save(
-    graph: Graph, path: str | os.PathLike[str] | None = None, *, opset: int = 18
+    model: Graph | OptimizeResult,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    kernels: bool = True,
+    opset: int = DEFAULT_OPSET,
 ) -> ModelProto:
-    """Export an IR graph as a standard ONNX model that onnxruntime can run.
+    """Export a graph, or an optimization's result, as a standard ONNX model.
 
     Args:
-        graph: The graph; symbolic sizes stay symbolic (dynamic axes keep working).
+        model: A graph (saved as it is), or what `optimize` returned: its fused kernels become
+            model-local functions of the `knopt` domain, which onnxruntime runs and Netron
+            shows as kernels.
         path: Where to write the model, or None to only return it.
-        opset: The version of the default ONNX domain to write (18 or newer).
+        kernels: For an optimization's result: False saves its optimized graph flat instead.
+        opset: The version of the default ONNX domain to write (18 or newer). Symbolic sizes
+            stay symbolic (dynamic axes keep working).
 
     Raises:
         UnsupportedModelError: If the graph needs something the opset lacks.
         KnoptError: If the file cannot be written.
     """
-    from knopt.onnx.export import save_onnx
-
-    return save_onnx(graph, path, opset=opset)
+    if isinstance(model, Graph):
+        return save_onnx(model, path, opset=opset)
+    if not kernels:
+        return save_onnx(model.graph, path, opset=opset)
+    return save_kernels(model.graph, model.groups, model.group_kinds, path, opset=opset)
 
 
 def optimize(graph: Graph, **options: Any) -> OptimizeResult:
@@ -82,8 +93,6 @@ def optimize(graph: Graph, **options: Any) -> OptimizeResult:
     Returns:
         The optimized graph (`.graph`) and what was done (`.report`).
     """
-    from knopt.opt.optimize import optimize as run_optimizer
-
     return run_optimizer(graph, **options)
 
 
@@ -112,8 +121,6 @@ def compile(
     """
     if isinstance(model, Graph):
         return Session(model, device, precision=precision, optimize=optimize, profile=profile)
-    from knopt.onnx import import_model, load_model
-
     proto = load_model(model)
     try:
         graph = import_model(proto)
@@ -138,6 +145,7 @@ __all__ = [
     "Session",
     "SymbolicSizeError",
     "UnsupportedModelError",
+    "__version__",
     "compile",
     "load",
     "optimize",

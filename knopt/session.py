@@ -12,11 +12,13 @@ from knopt.cpu.executor import run_graph
 from knopt.errors import InputError, KnoptError
 from knopt.ir.bind import bind_symbols, infer_sizes
 from knopt.ir.graph import Graph
+from knopt.onnx.load import import_model, input_sizes
+from knopt.opt.cost import DeviceProfile, find_profile
+from knopt.opt.optimize import OptimizeResult
+from knopt.opt.optimize import optimize as optimize_graph
 
 if TYPE_CHECKING:
     from onnx import ModelProto
-
-    from knopt.opt.cost import DeviceProfile
 
 DEVICES = ("cpu", "cuda", "best")
 
@@ -88,13 +90,11 @@ class Session:
 
             self._cuda = CudaRunner(precision)
         self.optimize = device == "cuda" if optimize is None else optimize
-        self._optimized: dict[int, Any] = {}
+        self._optimized: dict[Graph, OptimizeResult] = {}
         self.profile: str | os.PathLike[str] | DeviceProfile = profile or (
             "h200-graph" if device == "cuda" else "cpu"
         )
         if self.optimize:
-            from knopt.opt.cost import find_profile
-
             self.profile = find_profile(self.profile)  # a bad name or file fails here, not later
 
     @property
@@ -153,14 +153,11 @@ class Session:
             results = dict(zip(graph.output_names, run_graph(graph, arrays), strict=True))
         return [results[name] for name in wanted]
 
-    def _optimize(self, graph: Graph) -> Any:
+    def _optimize(self, graph: Graph) -> OptimizeResult:
         """The optimized form of a bound graph, made once (the device's cost model)."""
-        if id(graph) not in self._optimized:
-            from knopt.opt.optimize import optimize
-
-            # Keep `graph` alive with its result, so its id is never reused.
-            self._optimized[id(graph)] = (graph, optimize(graph, profile=self.profile))
-        return self._optimized[id(graph)][1]
+        if graph not in self._optimized:
+            self._optimized[graph] = optimize_graph(graph, profile=self.profile)
+        return self._optimized[graph]
 
     def _graph_for(self, shapes: Mapping[str, Sequence[int]]) -> Graph:
         if not self._symbolic:
@@ -215,8 +212,6 @@ class PerSizeSession(Session):
         return self._output_names
 
     def _graph_for(self, shapes: Mapping[str, Sequence[int]]) -> Graph:
-        from knopt.onnx.load import import_model, input_sizes
-
         sizes = input_sizes(self.model, {name: tuple(s) for name, s in shapes.items()})
         key = tuple(sorted(sizes.items()))
         if key not in self._bound:

@@ -19,9 +19,9 @@ from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph
 from knopt.ir.kernel import FUSED_MAIN_OPS, KERNEL_CONSTRUCTORS, KernelKind
 from knopt.ir.op import OP_CLASSES, Binary, PadMode, PoolKind, Reduction, ScatterReduction, Unary
+from knopt.ir.program import ELEMENTWISE_EXPRS
 from knopt.onnx.export_ops import EXPORTERS
 from knopt.opt.cost import FLOPS, FREE_OPS
-from knopt.opt.program import ELEMENTWISE_EXPRS
 from knopt.opt.rebuild import DECODERS
 from knopt.opt.rules import rules_dir
 from knopt.opt.serialized import Ref

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from knopt.opt.calibrate import calibrate
+from knopt.calibrate import calibrate
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

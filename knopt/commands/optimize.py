@@ -9,6 +9,7 @@ from pathlib import Path
 
 import knopt
 from knopt.commands.common import parse_dims
+from knopt.onnx.load import default_opset, load_model
 from knopt.opt.cost import PROFILES
 from knopt.opt.egraph import Limits
 from knopt.opt.explain import format_report
@@ -77,8 +78,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Optimize, report and save."""
-    from knopt.onnx.load import default_opset, load_model
-
     model = load_model(args.model)
     graph = knopt.onnx.import_model(model, parse_dims(args.dims))
     result = knopt.optimize(
@@ -95,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         args.report_json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
     if args.output:
         opset = args.opset or max(18, default_opset(model))
-        result.save(args.output, kernels=not args.flat, opset=opset)
+        knopt.save(result, args.output, kernels=not args.flat, opset=opset)
     summary = (
         f"{args.model.name}: {report.nodes_before} -> {report.nodes_after} nodes, estimated "
         f"{report.cost_before * 1e6:.1f} -> {report.cost_after * 1e6:.1f} us "

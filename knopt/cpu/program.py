@@ -12,8 +12,7 @@ from knopt.errors import InputError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.kernel import KernelKind
-from knopt.ir.shape import format_shape
-from knopt.opt.program import (
+from knopt.ir.program import (
     Acc,
     BinaryE,
     CastE,
@@ -26,6 +25,7 @@ from knopt.opt.program import (
     UnaryE,
     WhereE,
 )
+from knopt.ir.shape import format_shape
 
 Array = np.ndarray
 

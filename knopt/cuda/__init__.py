@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from knopt.cuda.executor import Executable
-    from knopt.opt.program import Program
+    from knopt.ir.program import Program
 
 
 def is_available() -> bool:
@@ -38,7 +38,7 @@ def prepare(program: Program, precision: str = "f32") -> Executable:
     """Plan, compile and load `program` (all sizes static) on the GPU.
 
     Args:
-        program: The kernels to run, such as `knopt.opt.program.program_from_graph(graph)`.
+        program: The kernels to run, such as `knopt.ir.program.program_from_graph(graph)`.
         precision: "f32" (strict, no TF32), "tf32", "fp16" or "bf16".
 
     Raises:

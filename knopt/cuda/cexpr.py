@@ -15,7 +15,7 @@ import numpy as np
 from knopt.errors import CodegenError, UnsupportedModelError
 from knopt.ir.dtype import DType
 from knopt.ir.op import COMPARISONS, UNARY_TO_BOOL, Binary
-from knopt.opt.program import Acc, BinaryE, CastE, ClampE, Const, Expr, Load, UnaryE, WhereE
+from knopt.ir.program import Acc, BinaryE, CastE, ClampE, Const, Expr, Load, UnaryE, WhereE
 
 HALF_TYPES = frozenset({DType.F16, DType.BF16})
 GPU_DTYPES = frozenset(

@@ -22,7 +22,7 @@ from knopt.errors import CodegenError
 from knopt.ir import op as ops
 from knopt.ir.kernel import FUSED_MAIN_OPS, KernelKind
 from knopt.ir.op import TensorType
-from knopt.opt.program import Kernel, Load, elementwise_expr
+from knopt.ir.program import Kernel, Load, elementwise_expr
 
 Lowering = Callable[[LoweringContext, Kernel], None]
 

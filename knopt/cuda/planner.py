@@ -21,7 +21,7 @@ from knopt.cuda.layout import Layout, view_layout
 from knopt.cuda.lower import lower_kernel
 from knopt.cuda.steps import Step, step_tensors
 from knopt.errors import CodegenError, UnsupportedModelError
-from knopt.opt.program import Kernel, Program
+from knopt.ir.program import Kernel, Program
 
 ALIGNMENT = 256  # bytes: what cuBLASLt wants for D, and more than vector loads need
 

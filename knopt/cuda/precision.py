@@ -16,7 +16,7 @@ from knopt.errors import KnoptError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.op import TensorType
-from knopt.opt.program import (
+from knopt.ir.program import (
     BinaryE,
     CastE,
     ClampE,

@@ -9,7 +9,7 @@ from knopt.cuda import prepare
 from knopt.cuda.executor import Executable
 from knopt.cuda.precision import narrow_dtype
 from knopt.ir.graph import Graph
-from knopt.opt.program import Program, program_from_graph
+from knopt.ir.program import Program, program_from_graph
 
 
 class CudaRunner:

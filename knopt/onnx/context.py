@@ -22,10 +22,11 @@ import onnx
 from onnx import numpy_helper
 
 from knopt.errors import SymbolicSizeError, UnsupportedModelError
+from knopt.ir import op as ops
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
-from knopt.ir.shape import Sym
+from knopt.ir.shape import Dim, Sym
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,7 +60,7 @@ class KnownValueRequired(UnsupportedModelError):
 
     Attributes:
         value_name: The ONNX name of that value, so that a caller can fix the graph inputs it
-            depends on and import again (as `knopt.onnx.backend` does).
+            depends on and import again (as `knopt.onnx_backend` does).
     """
 
     def __init__(self, message: str, value_name: str) -> None:
@@ -280,13 +281,28 @@ class ImportContext:
         if (cached := self._materialized.get(known)) is not None:
             return cached
         if known.is_symbolic:
-            from knopt.onnx.symbolic import materialize_symbolic
-
-            value = materialize_symbolic(self, known)
+            value = self._materialize_symbolic(known)
         else:
             value = self.builder.constant(known.concrete())
         self._materialized[known] = value
         return value
+
+    def _materialize_symbolic(self, known: Known) -> Value:
+        """A graph value equal to `known`, an integer tensor with symbolic entries.
+
+        Raises:
+            UnsupportedModelError: If the known value is not an integer tensor.
+        """
+        if not known.dtype.is_int:
+            raise self.fail(
+                f"a {known.dtype.short} value computed from symbolic sizes is not supported; "
+                "fix the sizes when loading (dims=...)"
+            )
+        flat: tuple[Dim, ...] = tuple(
+            v if isinstance(v, Sym) else int(v) for v in known.array.reshape(-1)
+        )
+        sizes = self.builder.apply(ops.Sizes(flat, known.dtype))
+        return self.builder.view(sizes, known.array.shape)
 
     def inputs(self, node: onnx.NodeProto, count: int | tuple[int, int | None]) -> list[Value]:
         """The node's inputs as graph values; `count` is exact or a (min, max) range.

@@ -19,6 +19,7 @@ from knopt.ir.graph import Graph, Value
 from knopt.ir.shape import Sym
 from knopt.onnx.emitter import Emitter
 from knopt.onnx.export_ops import EXPORTERS
+from knopt.version import __version__
 
 DEFAULT_OPSET = 18
 MIN_OPSET = 18  # Reduce* take their axes as inputs, and ScatterElements has max/min, from 18
@@ -66,8 +67,6 @@ def _model(
     graph: Graph, opset: int, spans: dict[int, tuple[int, int]] | None = None
 ) -> onnx.ModelProto:
     """The ONNX model of a graph; `spans` receives, per IR node id, the range of its nodes."""
-    from knopt import __version__
-
     emitter = Emitter(graph, opset=opset)
     names: dict[int, str] = {}
     types = {name: int(v.dtype) for name, v in zip(graph.input_names, graph.inputs, strict=True)}

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import numpy_helper
 
 from knopt.errors import (
     InputError,
@@ -29,16 +28,12 @@ from knopt.ir.shape import Dim, numel, sym
 from knopt.ir.validate import MAX_ELEMENTS, validate
 from knopt.onnx import ops as _ops  # noqa: F401  (registers the importers)
 from knopt.onnx.context import (
-    Attributes,
     ImportContext,
     Known,
     KnownValueRequired,
-    OnnxValue,
     SizeComputationRequired,
-    find_importer,
 )
-from knopt.onnx.fold import fold_node
-from knopt.onnx.order import undefined_input_error
+from knopt.onnx.nodes import import_nodes, initializer_value
 
 MIN_OPSET = 7
 
@@ -244,29 +239,6 @@ def _import_model(
     return result
 
 
-def initializer_value(tensor: onnx.TensorProto) -> Known:
-    """An initializer (of the graph or of a subgraph) as a known value.
-
-    Raises:
-        UnsupportedModelError: If its element type is not supported.
-        InvalidGraphError: If it declares more than 2^34 elements.
-        InvalidModelError: If its data does not match its shape.
-    """
-    where = f"initializer '{tensor.name}'"
-    dtype = DType.from_onnx(tensor.data_type, where)
-    count = int(np.prod(tensor.dims, dtype=np.float64))
-    if count > MAX_ELEMENTS:
-        raise InvalidGraphError(
-            f"{where}: declares {count} elements, more than the 2^34 knopt allows; "
-            "fix its declared shape"
-        )
-    try:
-        array = numpy_helper.to_array(tensor)
-    except (ValueError, TypeError) as err:
-        raise InvalidModelError(f"{where}: data does not match its shape ({err})") from err
-    return Known(np.asarray(array, dtype.numpy), dtype)
-
-
 def _known_input(info: onnx.ValueInfoProto, array: np.ndarray) -> Known:
     where = f"graph input '{info.name}'"
     if not info.type.HasField("tensor_type"):
@@ -363,49 +335,3 @@ def is_computed_from_sizes(model: onnx.ModelProto, name: str) -> bool:
             return False  # a subgraph may read anything of the enclosing graph
         stack.extend(node.input)
     return True
-
-
-def import_nodes(ctx: ImportContext, nodes: list[onnx.NodeProto]) -> None:
-    """Import nodes in order into `ctx`, binding their outputs in `ctx.env`."""
-    for index, node in enumerate(nodes):
-        ctx.where = f"node '{node.name or f'#{index}'}' ({node.op_type})"
-        ctx.builder.current_name = node.name or f"{node.op_type}_{index}"
-        for name in node.input:
-            if name and name not in ctx.env:
-                raise undefined_input_error(ctx.where, name, nodes, ctx.env)
-        outputs = _import_node(ctx, node)
-        for name, result in zip(node.output, outputs, strict=False):
-            if name and result is not None:
-                ctx.env[name] = result
-        for name in list(node.output)[len(outputs) :]:
-            if name:
-                ctx.env.pop(name, None)
-
-
-def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | None]:
-    domain = "" if node.domain == "ai.onnx" else node.domain
-    ctx._attributes = Attributes(node, ctx.where)
-    if (domain, node.op_type) in ctx.functions:
-        from knopt.onnx.function import inline_function
-
-        return inline_function(ctx, node, ctx.functions[(domain, node.op_type)])
-    outputs: list[OnnxValue | None] | None = fold_node(ctx, node, domain)  # type: ignore[assignment]
-    if outputs is None:
-        version = ctx.domain_opsets.get(domain, ctx.opset) if domain else ctx.opset
-        fn = find_importer(domain, node.op_type, version)
-        if fn is None:
-            name = f"{domain}.{node.op_type}" if domain else node.op_type
-            raise UnsupportedModelError(
-                f"{ctx.where}: op {name} is not supported at opset {version} (`knopt info "
-                "MODEL` lists every unsupported node)"
-            )
-        ctx._attributes = Attributes(node, ctx.where)
-        imported: list[OnnxValue | None] = list(fn(ctx, node))
-        outputs = imported
-    unread = ctx._attributes.unread()
-    if unread:
-        raise UnsupportedModelError(
-            f"{ctx.where}: attribute(s) {', '.join(unread)} are not supported (knopt never "
-            "ignores an attribute; remove it from the model if it has no effect)"
-        )
-    return outputs

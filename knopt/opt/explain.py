@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from knopt.ir.graph import Graph
 from knopt.ir.op import Input
+from knopt.opt.report import OptimizeReport
 from knopt.opt.serialized import ENode
-
-if TYPE_CHECKING:
-    from knopt.opt.optimize import OptimizeReport
 
 
 def attribute(

@@ -22,14 +22,13 @@ falls back to the local-search answer.
 from __future__ import annotations
 
 import heapq
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from knopt.errors import OptimizeError
-from knopt.opt.serialized import EGraphData, ENode
+from knopt.opt.ilp import solve_ilp
+from knopt.opt.serialized import Children, EGraphData, ENode
 
 
 @dataclass
@@ -362,8 +361,6 @@ def extract(
     assert error is None, error
     result = Extraction(best, solution.total, method)
     if ilp_max_nodes and sum(len(n) for n in problem.nodes.values()) <= ilp_max_nodes:
-        from knopt.opt.ilp import solve_ilp
-
         ilp = solve_ilp(data, roots, cost, best, ilp_seconds)
         result.ilp_status = ilp.status
         if ilp.choice is not None and ilp.cost < result.cost - 1e-12:
@@ -387,9 +384,6 @@ def _original_choice(problem: _Problem, ir_nodes: Sequence[tuple[int, ENode]]) -
 def _chosen(solution: _Solution) -> dict[int, ENode]:
     p = solution.p
     return {c: p.nodes[c][solution.choice[c]] for c in solution.needed()}
-
-
-Children = Callable[[ENode], list[int]]
 
 
 def check_extraction(
@@ -418,37 +412,3 @@ def check_extraction(
                 if state.get(kid) != 2:
                     stack.append((kid, False))
     return None
-
-
-def dag_cost(
-    choice: dict[int, ENode],
-    roots: Sequence[int],
-    cost: Callable[[int, ENode], float],
-    children: Children = ENode.children,
-) -> float:
-    """The DAG cost of a choice: each needed class paid once."""
-    needed: set[int] = set()
-    stack = list(roots)
-    while stack:
-        cls = stack.pop()
-        if cls not in needed:
-            needed.add(cls)
-            stack.extend(children(choice[cls]))
-    return sum(cost(c, choice[c]) for c in needed)
-
-
-def quiet_highs() -> Any:
-    """A highspy `Highs` object; its banner, printed on first creation, is silenced."""
-    import highspy
-
-    saved = os.dup(1)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        solver = highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(devnull)
-        os.close(saved)
-    solver.setOptionValue("output_flag", False)
-    return solver

@@ -10,12 +10,14 @@ start, and a time limit bounds the solve.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from knopt.opt.serialized import EGraphData, ENode
+from knopt.opt.serialized import Children, EGraphData, ENode
 
 
 @dataclass
@@ -36,8 +38,6 @@ def solve_ilp(
 ) -> IlpResult:
     """Solve the extraction ILP, warm-started from `start` (a valid choice)."""
     import highspy
-
-    from knopt.opt.extract import dag_cost, quiet_highs
 
     classes = [c for c, nodes in data.classes.items() if nodes]
     class_index = {c: i for i, c in enumerate(classes)}
@@ -177,3 +177,37 @@ def _reachable(
         choice[cls] = picked[cls]
         stack.extend(children(picked[cls]))
     return choice
+
+
+def dag_cost(
+    choice: dict[int, ENode],
+    roots: Sequence[int],
+    cost: Callable[[int, ENode], float],
+    children: Children = ENode.children,
+) -> float:
+    """The DAG cost of a choice: each needed class paid once."""
+    needed: set[int] = set()
+    stack = list(roots)
+    while stack:
+        cls = stack.pop()
+        if cls not in needed:
+            needed.add(cls)
+            stack.extend(children(choice[cls]))
+    return sum(cost(c, choice[c]) for c in needed)
+
+
+def quiet_highs() -> Any:
+    """A highspy `Highs` object; its banner, printed on first creation, is silenced."""
+    import highspy
+
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        solver = highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(devnull)
+        os.close(saved)
+    solver.setOptionValue("output_flag", False)
+    return solver

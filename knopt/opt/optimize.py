@@ -9,78 +9,24 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from knopt.ir.graph import Graph
 from knopt.ir.kernel import KernelKind
+from knopt.ir.program import Program, program_from_graph
 from knopt.ir.validate import validate
 from knopt.opt.cost import CostModel, DeviceProfile, find_profile
 from knopt.opt.egraph import DEFAULT_LIMITS, Limits, Phase, Saturation, saturate
 from knopt.opt.explain import attribute
 from knopt.opt.extract import Extraction, extract
-from knopt.opt.program import Program, program_from_graph
 from knopt.opt.rebuild import Rebuilt, rebuild_graph
+from knopt.opt.report import OptimizeReport, Pattern
 from knopt.opt.rules import RuleFile, read_rule_file, rulesets_of, shipped_rule_files
 from knopt.opt.serialized import ENode
 
 
 @dataclass
-class Pattern:
-    """One chosen node that replaced original nodes (a fused or recognised computation)."""
-
-    op: str
-    replaced: list[str]
-    cost: float
-
-
-@dataclass
-class OptimizeReport:
-    """What optimization did. `to_json()` gives the machine-readable form."""
-
-    rules_fired: dict[str, int] = field(default_factory=dict)
-    rulesets: dict[str, str] = field(default_factory=dict)  # rule name -> its ruleset
-    nodes_before: int = 0
-    nodes_after: int = 0
-    cost_before: float = 0.0
-    cost_after: float = 0.0
-    seconds: float = 0.0
-    stopped_by: str | None = None
-    phases: list[dict[str, Any]] = field(default_factory=list)
-    patterns: list[Pattern] = field(default_factory=list)
-    egraph_nodes: int = 0
-    kernels: int = 0
-    program: list[dict[str, Any]] = field(default_factory=list)  # kernel, op, seconds, names
-    extraction: str = ""
-    ilp_status: str = ""
-    profile: str = "cpu"
-    user_rules: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        """The report as JSON-ready data."""
-        return {
-            "rules_fired": self.rules_fired,
-            "rulesets": self.rulesets,
-            "nodes_before": self.nodes_before,
-            "nodes_after": self.nodes_after,
-            "cost_before": self.cost_before,
-            "cost_after": self.cost_after,
-            "seconds": self.seconds,
-            "stopped_by": self.stopped_by,
-            "phases": self.phases,
-            "patterns": [vars(p) for p in self.patterns],
-            "egraph_nodes": self.egraph_nodes,
-            "kernels": self.kernels,
-            "program": self.program,
-            "extraction": self.extraction,
-            "ilp_status": self.ilp_status,
-            "profile": self.profile,
-            "user_rules": self.user_rules,
-        }
-
-
-@dataclass
 class OptimizeResult:
-    """The optimized graph, its kernel program, and the report.
+    """The optimized graph, its kernel program, and the report (`knopt.save` writes it as ONNX).
 
     Attributes:
         graph: The optimized IR graph (fused kernels written out as their ops).
@@ -93,20 +39,6 @@ class OptimizeResult:
     report: OptimizeReport
     groups: dict[int, int] = field(default_factory=dict)  # fused graph node id -> kernel key
     group_kinds: dict[int, str] = field(default_factory=dict)  # kernel key -> kernel kind
-
-    def save(self, path: str | Path | None = None, *, kernels: bool = True, opset: int = 18) -> Any:
-        """Save as ONNX: with fused kernels as `knopt` functions, or (kernels=False) flat.
-
-        Raises:
-            KnoptError: If the model cannot be written.
-        """
-        if not kernels:
-            from knopt.onnx.export import save_onnx
-
-            return save_onnx(self.graph, path, opset=opset)
-        from knopt.onnx.export_kernels import save_kernels
-
-        return save_kernels(self.graph, self.groups, self.group_kinds, path, opset=opset)
 
 
 @dataclass

@@ -45,6 +45,9 @@ class ENode:
         return found
 
 
+Children = Callable[[ENode], list[int]]  # the classes a node reads
+
+
 @dataclass
 class EGraphData:
     """Tensor classes with their nodes and analysis facts.

@@ -11,7 +11,7 @@ from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph
 from knopt.ir.op import TensorType
-from knopt.opt.program import Expr, Kernel, Program, Tensor, program_from_graph
+from knopt.ir.program import Expr, Kernel, Program, Tensor, program_from_graph
 
 
 class ProgramBuilder:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from knopt.opt.calibrate import calibrate
+from knopt.calibrate import calibrate
 
 pytestmark = pytest.mark.cuda
 

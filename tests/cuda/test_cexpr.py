@@ -8,7 +8,7 @@ from knopt.cuda.cexpr import ScalarCode, expr_dtype, literal, used_loads
 from knopt.errors import CodegenError
 from knopt.ir.dtype import DType
 from knopt.ir.op import Binary, Unary
-from knopt.opt.program import Acc, BinaryE, CastE, ClampE, Const, Load, UnaryE, WhereE
+from knopt.ir.program import Acc, BinaryE, CastE, ClampE, Const, Load, UnaryE, WhereE
 
 
 def test_body_becomes_one_statement_per_operation_with_shared_subterms() -> None:

@@ -7,7 +7,7 @@ import pytest
 
 import knopt
 from knopt.ir import bind_symbols, infer_sizes
-from knopt.opt.program import program_from_graph
+from knopt.ir.program import program_from_graph
 from tests.cuda.programs import compare
 from tests.models import Fixture, fixtures
 

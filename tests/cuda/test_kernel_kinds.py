@@ -8,7 +8,7 @@ import pytest
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.op import Binary, Reduction, Unary
-from knopt.opt.program import Acc, BinaryE, CastE, ClampE, Const, Load, UnaryE, WhereE
+from knopt.ir.program import Acc, BinaryE, CastE, ClampE, Const, Load, UnaryE, WhereE
 from tests.cuda.programs import ProgramBuilder, compare, random_feeds
 
 pytestmark = pytest.mark.cuda

@@ -8,7 +8,7 @@ import knopt
 from knopt.cuda.planner import build_plan
 from knopt.cuda.steps import Conv, Launch
 from knopt.errors import CudaError
-from knopt.opt.program import program_from_graph
+from knopt.ir.program import program_from_graph
 from tests.models import fixtures
 
 

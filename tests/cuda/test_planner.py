@@ -12,7 +12,7 @@ from knopt.cuda.planner import align, assign_offsets, build_plan, check_plan, lo
 from knopt.cuda.steps import Conv, Gemm, Launch
 from knopt.ir import bind_symbols, infer_sizes
 from knopt.ir import op as ops
-from knopt.opt.program import program_from_graph
+from knopt.ir.program import program_from_graph
 from tests.models import Fixture, fixtures
 
 

@@ -8,7 +8,7 @@ import knopt
 from knopt.cpu.program import run_program
 from knopt.cuda.precision import narrow_program
 from knopt.ir.dtype import DType
-from knopt.opt.program import program_from_graph
+from knopt.ir.program import program_from_graph
 from tests.models import fixtures
 
 

@@ -23,8 +23,8 @@ import pytest
 from onnx.backend.test.loader import load_model_tests
 
 from knopt.errors import KnoptError
-from knopt.onnx.backend import KnoptBackend
 from knopt.onnx.load import MIN_OPSET
+from knopt.onnx_backend import KnoptBackend
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ def test_sizes_named_apart_that_broadcast_together_become_one(rng: np.random.Gen
     assert graph.symbols() == frozenset({"ids_dim0", "ids_dim1"})
     assert [format_shape(v.shape) for v in graph.inputs] == ["[ids_dim0, ids_dim1]"] * 2
     session = knopt.compile(graph)
-    saved = knopt.optimize(graph).save()
+    saved = knopt.save(knopt.optimize(graph))
     for shape in ((2, 5), (1, 3)):
         feeds = {name: rng.uniform(-2, 2, shape).astype(np.float32) for name in ("ids", "mask")}
         (expected,) = run_onnxruntime(model, feeds)

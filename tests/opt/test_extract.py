@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 import pytest
 
 from knopt.errors import OptimizeError
-from knopt.opt.extract import check_extraction, dag_cost, extract
-from knopt.opt.ilp import solve_ilp
+from knopt.opt.extract import check_extraction, extract
+from knopt.opt.ilp import dag_cost, solve_ilp
 from knopt.opt.serialized import EGraphData, ENode, Ref
 
 Cost = Callable[[int, ENode], float]

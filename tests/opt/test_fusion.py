@@ -11,8 +11,8 @@ import knopt
 from knopt.cpu import run_graph
 from knopt.cpu.program import run_program
 from knopt.ir import DType, GraphBuilder, Unary
+from knopt.ir.program import format_expr, format_program
 from knopt.opt.cost import H200, DeviceProfile
-from knopt.opt.program import format_expr, format_program
 from tests.models import Fixture, fixtures
 
 
@@ -158,7 +158,7 @@ def test_kernel_onnx_runs_on_onnxruntime_and_reloads_in_knopt(
 ) -> None:
     result = knopt.optimize(knopt.load(fixture.path), profile="h200", ilp=False)
     path = tmp_path / "kernels.onnx"  # type: ignore[operator]
-    model = result.save(path)
+    model = knopt.save(result, path)
     assert model.functions and all(f.domain == "knopt" for f in model.functions)
     feeds = fixture.feeds()
     original = ort.InferenceSession(str(fixture.path), providers=["CPUExecutionProvider"])

@@ -24,7 +24,7 @@ from knopt.cuda.templates import render
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.op import Binary
-from knopt.opt.program import BinaryE, Kernel, Load
+from knopt.ir.program import BinaryE, Kernel, Load
 
 FLASH_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})
 MAX_HEAD = 256

@@ -22,7 +22,7 @@ from knopt.cuda.steps import Launch
 from knopt.cuda.templates import render
 from knopt.ir import op as ops
 from knopt.ir.op import PadMode, ScatterReduction
-from knopt.opt.program import Kernel
+from knopt.ir.program import Kernel
 
 THREADS = 256
 

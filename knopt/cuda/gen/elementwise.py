@@ -21,7 +21,7 @@ from knopt.cuda.layout import merge_axes
 from knopt.cuda.steps import Buf, Launch
 from knopt.cuda.templates import render
 from knopt.errors import CodegenError
-from knopt.opt.program import Acc, BinaryE, CastE, ClampE, Expr, Load, UnaryE, WhereE
+from knopt.ir.program import Acc, BinaryE, CastE, ClampE, Expr, Load, UnaryE, WhereE
 
 THREADS = 256
 MAX_VECTOR_BYTES = 16

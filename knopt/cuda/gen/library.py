@@ -25,7 +25,7 @@ from knopt.cuda.steps import Conv, Gemm, Launch, Operand
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.op import Binary, Unary
-from knopt.opt.program import Acc, BinaryE, Const, Expr, Kernel, Load, UnaryE
+from knopt.ir.program import Acc, BinaryE, Const, Expr, Kernel, Load, UnaryE
 
 GEMM_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16, DType.F64})
 CONV_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})

@@ -36,7 +36,7 @@ from knopt.cuda.templates import render
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.op import Reduction
-from knopt.opt.program import Acc, Expr, Kernel, Load
+from knopt.ir.program import Acc, Expr, Kernel, Load
 
 THREADS = 256
 ROW_MIN = 16  # reduced counts below this loop in one thread instead of a block

@@ -30,7 +30,7 @@ from knopt.cuda.steps import Launch
 from knopt.cuda.templates import render
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
-from knopt.opt.program import Acc, Expr, Kernel, Load
+from knopt.ir.program import Acc, Expr, Kernel, Load
 
 MAX_CACHED = 16  # values a thread keeps in registers between passes
 _OPS = {ops.Softmax: "KN_SOFTMAX", ops.LayerNorm: "KN_LAYER_NORM", ops.RmsNorm: "KN_RMS_NORM"}

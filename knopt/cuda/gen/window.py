@@ -31,7 +31,7 @@ from knopt.cuda.templates import render
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.op import PoolKind
-from knopt.opt.program import Kernel
+from knopt.ir.program import Kernel
 
 THREADS = 256
 

@@ -21,6 +21,7 @@ from knopt.ir.op import Binary, Reduction, Unary
 from knopt.ir.shape import Dim, exact_div
 from knopt.onnx.context import ImportContext, OnnxValue, importer
 from knopt.onnx.ops.common import scalar_like, static_dim
+from knopt.onnx.ops.control import import_subgraph
 
 _QK_MODES = (0, 1, 2, 3)  # raw (softcapped) scores, the same, scores + bias, probabilities
 
@@ -285,8 +286,6 @@ def _flex_attention(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]
 
 def _modified(ctx: ImportContext, graph: onnx.GraphProto, x: Value) -> Value:
     """`x` passed through a one-input, one-output modifier subgraph."""
-    from knopt.onnx.ops.control import import_subgraph
-
     outputs = import_subgraph(ctx, graph, [x])
     if len(outputs) != 1:
         raise ctx.fail(f"modifier subgraph '{graph.name}' must have exactly one output")

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
-from knopt.ir.shape import Dim, normalize_axis
+from knopt.ir.shape import Dim, broadcast_shapes, normalize_axis
 from knopt.onnx.context import ImportContext
+
+
+@dataclass(frozen=True)
+class PoolWindow:
+    """The sliding window of a pooling node."""
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    pads: tuple[tuple[int, int], ...]
+    dilations: tuple[int, ...]
 
 
 def axis_of(ctx: ImportContext, axis: int, rank: int) -> int:
@@ -35,8 +46,6 @@ def broadcast_batch(ctx: ImportContext, a: Value, b: Value) -> tuple[Value, Valu
 
     1-D operands are promoted as numpy does; the caller removes the promoted axes again.
     """
-    from knopt.ir.shape import broadcast_shapes
-
     builder = ctx.builder
     batch = broadcast_shapes(a.shape[:-2], b.shape[:-2], ctx.where)
     a = builder.broadcast(a, (*batch, *a.shape[-2:]))

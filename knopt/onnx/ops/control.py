@@ -17,6 +17,7 @@ import onnx
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.onnx.context import ImportContext, Known, OnnxValue, importer
+from knopt.onnx.nodes import import_nodes, initializer_value
 from knopt.onnx.ops.common import axis_of
 
 MAX_UNROLL = 4096  # iterations; a longer Loop is more likely a mistake than a model
@@ -32,8 +33,6 @@ def import_subgraph(
     Raises:
         UnsupportedModelError: If the subgraph uses anything knopt lacks or an output is unset.
     """
-    from knopt.onnx.load import import_nodes, initializer_value
-
     inner: dict[str, OnnxValue] = dict(ctx.env)
     for tensor in graph.initializer:
         inner[tensor.name] = initializer_value(tensor)

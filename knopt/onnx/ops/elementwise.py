@@ -9,7 +9,7 @@ import onnx
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.op import Binary, Unary
-from knopt.onnx.context import ImportContext, OnnxValue, importer
+from knopt.onnx.context import ImportContext, Known, OnnxValue, importer
 from knopt.onnx.ops.common import scalar_like
 
 _UNARY = {
@@ -352,8 +352,6 @@ def _clip(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 
 
 def _is_known(ctx: ImportContext, node: onnx.NodeProto, index: int) -> bool:
-    from knopt.onnx.context import Known
-
     return (
         index < len(node.input)
         and bool(node.input[index])

@@ -13,9 +13,8 @@ from knopt.ir.graph import Value
 from knopt.ir.op import PadMode, ScatterReduction
 from knopt.ir.shape import Shape, numel
 from knopt.onnx.context import ImportContext, OnnxValue, importer
-from knopt.onnx.ops.common import axes_of, static_dim
+from knopt.onnx.ops.common import PoolWindow, axes_of, static_dim
 from knopt.onnx.ops.indexing import gather_elements, wrapped_indices
-from knopt.onnx.ops.nn import PoolWindow
 from knopt.onnx.ops.tensor import pad_signed
 
 

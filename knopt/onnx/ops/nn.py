@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import onnx
 
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
-from knopt.ir.op import Binary, PoolKind, Reduction, Unary
+from knopt.ir.op import Binary, PadMode, PoolKind, Reduction, Unary
 from knopt.ir.shape import Dim, numel
 from knopt.onnx.context import Attributes, ImportContext, OnnxValue, importer
-from knopt.onnx.ops.common import axis_of, float_dtype, matmul, scalar_like, static_dim
+from knopt.onnx.ops.common import (
+    PoolWindow,
+    axis_of,
+    float_dtype,
+    matmul,
+    scalar_like,
+    static_dim,
+)
+from knopt.onnx.ops.image import max_pool_indices
 from knopt.onnx.ops.tensor import pad_signed
 
 MAX_SPATIAL = 3
@@ -94,8 +100,6 @@ def _conv_transpose(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]
         )
         for i in range(spatial)
     ]
-    from knopt.ir.op import PadMode
-
     y = pad_signed(ctx, y, widths, PadMode.CONSTANT, 0.0)
     c_in, m_per_group = w.shape[0], w.shape[1]
     assert isinstance(c_in, int) and isinstance(m_per_group, int)
@@ -154,8 +158,6 @@ def _dilate(ctx: ImportContext, x: Value, strides: list[int]) -> Value:
         return x
     n, c = x.shape[:2]
     sizes = x.shape[2:]
-    from knopt.ir.op import PadMode
-
     grid = b.view(x, (n, c, *(d for size in sizes for d in (size, 1))))
     widths = ((0, 0), (0, 0), *(p for s in strides for p in ((0, 0), (0, s - 1))))
     grid = b.pad(grid, pads=widths, mode=PadMode.CONSTANT, value=0.0)
@@ -188,20 +190,8 @@ def _pool(ctx: ImportContext, node: onnx.NodeProto, kind: PoolKind) -> list[Valu
     )
     if kind is PoolKind.AVG or len(node.output) < 2 or not node.output[1]:
         return [y]
-    from knopt.onnx.ops.image import max_pool_indices
-
     window = PoolWindow(tuple(kernel), tuple(strides), tuple(pads), tuple(dilations))
     return [y, max_pool_indices(ctx, x, window, y.shape[2:], column_major)]
-
-
-@dataclass(frozen=True)
-class PoolWindow:
-    """The sliding window of a pooling node."""
-
-    kernel: tuple[int, ...]
-    strides: tuple[int, ...]
-    pads: tuple[tuple[int, int], ...]
-    dilations: tuple[int, ...]
 
 
 @importer("MaxPool")

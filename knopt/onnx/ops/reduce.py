@@ -10,6 +10,7 @@ from knopt.ir.graph import Value
 from knopt.ir.op import Reduction, Unary
 from knopt.onnx.context import ImportContext, OnnxValue, importer
 from knopt.onnx.ops.common import axes_of, axis_of, keep_or_drop, scalar_like
+from knopt.onnx.ops.indexing import gather_elements
 from knopt.onnx.ops.nn import mean
 
 # From these opset versions on, the reduction takes its axes as an input, not an attribute.
@@ -120,8 +121,6 @@ def _top_k(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     b = ctx.builder
     order = b.arg_sort(x, axis=axis, descending=largest)
     indices = b.slice(order, axis=axis, start=0, stop=k)
-    from knopt.onnx.ops.indexing import gather_elements
-
     return [gather_elements(ctx, x, indices, axis), indices]
 
 

@@ -9,7 +9,7 @@ from onnx import numpy_helper
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.op import Binary, PadMode
-from knopt.ir.shape import Dim, Sym, exact_div, numel
+from knopt.ir.shape import Dim, Sym, broadcast_shapes, exact_div, numel
 from knopt.onnx.context import ImportContext, Known, OnnxValue, importer
 from knopt.onnx.ops.common import axes_of, axis_of
 
@@ -320,8 +320,6 @@ def _expand(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x = ctx.value(node.input[0])
     ctx.attributes(node)
     shape = _shape_input(ctx, node, 1, "shape")
-    from knopt.ir.shape import broadcast_shapes
-
     target = broadcast_shapes(x.shape, shape, ctx.where)
     return [ctx.builder.broadcast(x, target)]
 

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from knopt.onnx.backend import KnoptBackend
+from knopt.onnx_backend import KnoptBackend
 from tests.oracle import run_onnxruntime, run_reference
 
 

@@ -13,7 +13,7 @@ from onnx import helper
 
 import knopt
 from knopt.errors import UnsupportedModelError
-from knopt.onnx.backend import KnoptBackend
+from knopt.onnx_backend import KnoptBackend
 from tests.onnx.ops.node_models import node_model
 from tests.oracle import run_onnxruntime
 

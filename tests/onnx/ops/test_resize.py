@@ -9,6 +9,7 @@ from onnx import TensorProto, helper
 import knopt
 from knopt.ir.op import Gather
 from knopt.onnx.ops.resize import Interpolation, axis_taps, is_one_hot
+from knopt.onnx_backend import KnoptBackend
 from tests.onnx.ops.node_models import assert_matches, node_model
 
 COORDINATES = [
@@ -140,7 +141,7 @@ def test_integer_images_resize_with_rounding_and_saturation(rng: np.random.Gener
         constants={"roi": NO_ROI, "scales": np.array([1, 1, 1.6, 1.3], np.float32)},
         mode="cubic",
     )
-    ours = knopt.onnx.backend.KnoptBackend.run_model(model, {"x": x})[0]
+    ours = KnoptBackend.run_model(model, {"x": x})[0]
     reference = _reference(model, x)
     assert ours.dtype == np.uint8
     np.testing.assert_array_equal(ours, reference)

@@ -27,6 +27,7 @@ from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph
 from knopt.ir.op import Unary
 from knopt.opt.cost import CPU, H200_GRAPH, DeviceProfile
+from knopt.session import Session
 
 _CHAIN = 65
 
@@ -151,8 +152,6 @@ class _Timer:
 
     def time(self, graph: Graph, feeds: dict[str, np.ndarray]) -> float:
         """Seconds per run of `graph` on `feeds` (inputs already on the device)."""
-        from knopt.session import Session
-
         session = Session(graph, self.device, optimize=False)
         inputs = feeds if self._gpu is None else {k: self._upload(v) for k, v in feeds.items()}
 

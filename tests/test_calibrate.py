@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import knopt
+from knopt.calibrate import Calibration, calibrate
 from knopt.cli import main
 from knopt.errors import KnoptError
-from knopt.opt.calibrate import Calibration, calibrate
 from knopt.opt.cost import CPU, find_profile, load_profile
 from tests.models import fixtures
 from tests.oracle import assert_same
