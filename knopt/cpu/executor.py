@@ -138,10 +138,10 @@ class _Steps:
     """
 
     def __init__(self, graph: Graph) -> None:
-        slot = {id(node.output): i for i, node in enumerate(graph.nodes)}
+        slot = {node.output: i for i, node in enumerate(graph.nodes)}
         self.inputs: list[tuple[int, ops.Input]] = []
         self.leaves: list[tuple[int, np.ndarray]] = []
-        self.outputs = [slot[id(v)] for v in graph.outputs]
+        self.outputs = [slot[v] for v in graph.outputs]
         reads: list[tuple[Node, tuple[int, ...]]] = []
         for i, node in enumerate(graph.nodes):
             if isinstance(node.op, ops.Input):
@@ -151,11 +151,11 @@ class _Steps:
                 leaf.flags.writeable = False  # shared by every run
                 self.leaves.append((i, leaf))
             else:
-                reads.append((node, tuple(slot[id(_unbroadcast(node, v))] for v in node.inputs)))
+                reads.append((node, tuple(slot[_unbroadcast(node, v)] for v in node.inputs)))
         needed = set(self.outputs)
         kept: list[tuple[Node, tuple[int, ...]]] = []
         for node, args in reversed(reads):
-            if slot[id(node.output)] in needed:
+            if slot[node.output] in needed:
                 needed.update(args)
                 kept.append((node, args))
         freed = set(self.outputs)
@@ -166,7 +166,7 @@ class _Steps:
             narrow = isinstance(node.op, _COMPUTE_OPS) and any(
                 v.dtype.numpy in _WIDER for v in node.inputs
             )
-            self.steps.append(_Step.of(node, args, narrow, slot[id(node.output)], dead))
+            self.steps.append(_Step.of(node, args, narrow, slot[node.output], dead))
         self.steps.reverse()
 
 

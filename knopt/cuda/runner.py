@@ -22,16 +22,14 @@ class CudaRunner:
     def __init__(self, precision: str = "f32") -> None:
         narrow_dtype(precision)
         self.precision = precision
-        self._executables: dict[int, tuple[object, Executable]] = {}
+        self._executables: dict[Graph | Program, Executable] = {}
 
     def executable(self, source: Graph | Program) -> Executable:
         """The prepared executable of a graph with static sizes, or of a Program."""
-        key = id(source)
-        if key not in self._executables:
+        if source not in self._executables:
             program = source if isinstance(source, Program) else program_from_graph(source)
-            # Keep `source` alive with its executable, so its id is never reused.
-            self._executables[key] = (source, prepare(program, self.precision))
-        return self._executables[key][1]
+            self._executables[source] = prepare(program, self.precision)
+        return self._executables[source]
 
     def run(
         self, source: Graph | Program, feeds: Mapping[str, Any], device_outputs: bool = False

@@ -57,16 +57,16 @@ def bind_symbols(graph: Graph, sizes: Mapping[str, int]) -> Graph:
     """
     # Copy, don't mutate: the symbolic graph is kept and bound again for other sizes.
     builder = GraphBuilder(graph.name)
-    mapped: dict[int, Value] = {}
+    mapped: dict[Value, Value] = {}
     for node in graph.nodes:
         op = bind_attributes(node.op, sizes)
         if isinstance(op, Input):
             value = builder.input(op.input_name, op.tensor_type.shape, op.tensor_type.dtype)
         else:
-            value = builder.apply(op, [mapped[id(v)] for v in node.inputs], name=node.name)
-        mapped[id(node.output)] = value
+            value = builder.apply(op, [mapped[v] for v in node.inputs], name=node.name)
+        mapped[node.output] = value
     for name, value in zip(graph.output_names, graph.outputs, strict=True):
-        builder.output(mapped[id(value)], name)
+        builder.output(mapped[value], name)
     return builder.build()
 
 

@@ -27,7 +27,7 @@ class GraphBuilder:
     def __init__(self, name: str = "") -> None:
         self.name = name
         self._nodes: list[Node] = []
-        self._memo: dict[tuple[Op, tuple[int, ...], object], Value] = {}
+        self._memo: dict[tuple[Op, tuple[Value, ...], object], Value] = {}
         self._inputs: list[Value] = []
         self._input_names: set[str] = set()
         self._outputs: list[tuple[str, Value]] = []
@@ -35,7 +35,7 @@ class GraphBuilder:
         # Nodes added while `scope` is set are shared only within that scope, and recorded in
         # `scopes` (the optimizer builds each fused kernel's nodes in a scope of its own).
         self.scope: object = None
-        self.scopes: dict[int, object] = {}
+        self.scopes: dict[Node, object] = {}
 
     # ---- core ------------------------------------------------------------------------
 
@@ -46,7 +46,7 @@ class GraphBuilder:
             InvalidGraphError: If the inputs do not fit the op.
         """
         inputs = tuple(inputs)
-        key = (op, tuple(id(v) for v in inputs), self.scope)
+        key = (op, inputs, self.scope)
         if (found := self._memo.get(key)) is not None:
             return found
         node = Node(op, inputs, name if name is not None else self.current_name)
@@ -58,7 +58,7 @@ class GraphBuilder:
         self._nodes.append(node)
         self._memo[key] = node.output
         if self.scope is not None:
-            self.scopes[id(node)] = self.scope
+            self.scopes[node] = self.scope
         return node.output
 
     def input(self, name: str, shape: Shape, dtype: DType) -> Value:
@@ -88,14 +88,14 @@ class GraphBuilder:
         """
         if not self._outputs:
             raise InvalidGraphError(f"graph '{self.name}' has no outputs")
-        needed: set[int] = {id(v.producer) for v in self._inputs}
+        needed: set[Node] = {v.producer for v in self._inputs}
         stack = [v for _, v in self._outputs]
         while stack:
             node = stack.pop().producer
-            if id(node) not in needed:
-                needed.add(id(node))
+            if node not in needed:
+                needed.add(node)
                 stack.extend(node.inputs)
-        nodes = [n for n in self._nodes if id(n) in needed]
+        nodes = [n for n in self._nodes if n in needed]
         names = [name for name, _ in self._outputs]
         return Graph(nodes, self._inputs, [v for _, v in self._outputs], names, self.name)
 

@@ -188,9 +188,12 @@ class Kernel:
         return self.kind == VIEW
 
 
-@dataclass
+@dataclass(eq=False)
 class Program:
-    """Kernels in execution order over tensors, with the constants they read."""
+    """Kernels in execution order over tensors, with the constants they read.
+
+    Programs compare and hash by identity (a backend caches what it prepared for one).
+    """
 
     tensors: list[Tensor]
     kernels: list[Kernel]
@@ -212,37 +215,37 @@ class Program:
 
 def program_from_graph(
     graph: Graph,
-    groups: Mapping[int, int] | None = None,
-    costs: Mapping[int, float] | None = None,
-    names: Mapping[int, Sequence[str]] | None = None,
+    groups: Mapping[Node, int] | None = None,
+    costs: Mapping[Node | int, float] | None = None,
+    names: Mapping[Node | int, Sequence[str]] | None = None,
 ) -> Program:
     """The program that computes `graph`.
 
     Args:
         graph: The graph.
-        groups: Node id to a group key; the nodes of one group become one fused kernel whose
+        groups: Node to a group key; the nodes of one group become one fused kernel whose
             result is the group's last node. Nodes in no group are kernels of their own.
-        costs: Estimated seconds per group key, or per node id for ungrouped nodes.
-        names: Original node names per group key or node id.
+        costs: Estimated seconds per group key, or per node for ungrouped nodes.
+        names: Original node names per group key or per node.
     """
     groups = groups or {}
     costs = costs or {}
     names = names or {}
     members: dict[int, list[Node]] = {}
     for node in graph.nodes:
-        if id(node) in groups:
-            members.setdefault(groups[id(node)], []).append(node)
-    last = {id(nodes[-1]): key for key, nodes in members.items()}
+        if node in groups:
+            members.setdefault(groups[node], []).append(node)
+    last = {nodes[-1]: key for key, nodes in members.items()}
     builder = _ProgramBuilder(graph)
     for node in graph.nodes:
-        if id(node) in groups and id(node) not in last:
+        if node in groups and node not in last:
             continue  # computed inside its group's kernel
-        key = last.get(id(node))
+        key = last.get(node)
         kernel: Kernel | None
         if key is not None:
             kernel = builder.fused(members[key], costs.get(key, 0.0), names.get(key, ()))
         else:
-            kernel = builder.single(node, costs.get(id(node), 0.0), names.get(id(node), ()))
+            kernel = builder.single(node, costs.get(node, 0.0), names.get(node, ()))
         if kernel is not None:
             builder.kernels.append(kernel)
     return builder.program()
@@ -254,33 +257,33 @@ class _ProgramBuilder:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.tensors: list[Tensor] = []
-        self.ids: dict[int, int] = {}
+        self.ids: dict[Value, int] = {}
         self.constants: dict[int, np.ndarray] = {}
         self.kernels: list[Kernel] = []
-        self.outputs = {id(v) for v in graph.outputs}
+        self.outputs = set(graph.outputs)
 
     def tensor(self, value: Value, role: str) -> int:
-        if id(value) not in self.ids:
+        if value not in self.ids:
             tid = len(self.tensors)
-            self.ids[id(value)] = tid
-            final = "output" if id(value) in self.outputs else role
+            self.ids[value] = tid
+            final = "output" if value in self.outputs else role
             self.tensors.append(Tensor(tid, value.type, final))
             if isinstance(value.producer.op, ops.Constant):
                 self.constants[tid] = value.producer.op.data.array
-        return self.ids[id(value)]
+        return self.ids[value]
 
     def single(self, node: Node, cost: float, names: Sequence[str]) -> Kernel | None:
         op = node.op
         if isinstance(op, ops.Input | ops.Constant):
             self.tensor(node.output, "input" if isinstance(op, ops.Input) else "constant")
             return None
-        inputs = tuple(self.ids[id(v)] for v in node.inputs)
+        inputs = tuple(self.ids[v] for v in node.inputs)
         out = self.tensor(node.output, "intermediate")
         kind = VIEW if type(op) in VIEW_OPS else op.name
         return Kernel(kind, op, inputs, out, names=tuple(names) or _own_name(node), cost=cost)
 
     def fused(self, nodes: list[Node], cost: float, names: Sequence[str]) -> Kernel:
-        inside = {id(n) for n in nodes}
+        inside = set(nodes)
         mains = [n for n in nodes if KernelKind.of_main_op(type(n.op)) is not None]
         assert len(mains) <= 1, "a fused kernel has one main op"
         loads: list[int] = []
@@ -290,11 +293,11 @@ class _ProgramBuilder:
             splat = _splat_of(value, inside)
             if splat is not None:
                 return Const(splat, value.dtype)
-            if id(value.producer) in inside and value.producer is not main_node:
+            if value.producer in inside and value.producer is not main_node:
                 return _expr(value.producer, load)
             if value.producer is main_node:
                 return Acc()
-            tid = self.ids[id(value)]
+            tid = self.ids[value]
             if tid not in loads:
                 loads.append(tid)
             return Load(loads.index(tid))
@@ -312,14 +315,14 @@ class _ProgramBuilder:
         prologue = None
         if not kind.has_prologue:
             for operand in main_node.inputs:
-                tid = self.ids[id(operand)]
+                tid = self.ids[operand]
                 loads.append(tid)
         else:
             (operand,) = main_node.inputs
-            if id(operand.producer) in inside:
+            if operand.producer in inside:
                 prologue = _expr(operand.producer, load)
             else:
-                loads.append(self.ids[id(operand)])
+                loads.append(self.ids[operand])
         epilogue = None if result is main_node else _expr(result, load)
         return Kernel(
             kind,
@@ -337,9 +340,9 @@ class _ProgramBuilder:
         return Program(
             self.tensors,
             self.kernels,
-            [self.ids[id(v)] for v in g.inputs],
+            [self.ids[v] for v in g.inputs],
             g.input_names,
-            [self.ids[id(v)] for v in g.outputs],
+            [self.ids[v] for v in g.outputs],
             g.output_names,
             self.constants,
             g.name,
@@ -350,13 +353,13 @@ def _own_name(node: Node) -> tuple[str, ...]:
     return (node.name,) if node.name else ()
 
 
-def _splat_of(value: Value, inside: set[int]) -> float | None:
+def _splat_of(value: Value, inside: set[Node]) -> float | None:
     """The value of a splat constant made for a kernel (seen through its views), or None."""
     node = value.producer
-    while id(node) in inside and type(node.op) in VIEW_OPS:
+    while node in inside and type(node.op) in VIEW_OPS:
         node = node.inputs[0].producer
     if isinstance(node.op, ops.Constant) and (
-        id(node) in inside or node.output.type.shape == () or node.op.data.array.size == 1
+        node in inside or node.output.type.shape == () or node.op.data.array.size == 1
     ):
         splat = node.op.data.splat_value()
         return float(splat) if splat is not None else None

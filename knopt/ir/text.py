@@ -17,30 +17,29 @@ from knopt.ir.op import BinaryOp, Constant, Input, Op, UnaryOp
 
 def format_graph(graph: Graph) -> str:
     """The whole graph as text."""
-    names: dict[int, str] = {}
+    names: dict[Value, str] = {}
     for value in graph.inputs:
         op = value.producer.op
         assert isinstance(op, Input)
-        names[id(value)] = op.input_name
-    params = ", ".join(f"{names[id(v)]}: {v.type}" for v in graph.inputs)
+        names[value] = op.input_name
+    params = ", ".join(f"{names[v]}: {v.type}" for v in graph.inputs)
     lines = [f"graph {graph.name or 'main'}({params}) {{"]
     for node in graph.nodes:
         if isinstance(node.op, Input):
             continue
-        names[id(node.output)] = f"%{len(names)}"
+        names[node.output] = f"%{len(names)}"
         lines.append("  " + _format_node(node, names))
     outs = ", ".join(
-        f"{name} = {names[id(v)]}"
-        for name, v in zip(graph.output_names, graph.outputs, strict=True)
+        f"{name} = {names[v]}" for name, v in zip(graph.output_names, graph.outputs, strict=True)
     )
     lines.append(f"  return {outs}")
     lines.append("}")
     return "\n".join(lines)
 
 
-def _format_node(node: Node, names: dict[int, str]) -> str:
-    args = ", ".join(names[id(v)] for v in node.inputs)
-    text = f"{names[id(node.output)]} = {node.op.name}{format_attributes(node.op)}({args})"
+def _format_node(node: Node, names: dict[Value, str]) -> str:
+    args = ", ".join(names[v] for v in node.inputs)
+    text = f"{names[node.output]} = {node.op.name}{format_attributes(node.op)}({args})"
     text += f" : {node.output.type}"
     return text + (f"  # {node.name}" if node.name else "")
 

@@ -20,10 +20,10 @@ def validate(graph: Graph) -> None:
     Raises:
         InvalidGraphError: On the first broken invariant, naming the node.
     """
-    defined: set[int] = set()
+    defined: set[Value] = set()
     for node in graph.nodes:
         for value in node.inputs:
-            if id(value) not in defined:
+            if value not in defined:
                 raise InvalidGraphError(
                     f"{node.describe()}: reads a value that is not defined before it "
                     "(a cycle or a dangling input)"
@@ -34,18 +34,18 @@ def validate(graph: Graph) -> None:
                 f"{node.describe()}: has type {node.output.type} but its op gives {expected}"
             )
         _check_size(node.output, node.describe())
-        defined.add(id(node.output))
-    seen_inputs: set[int] = set()
+        defined.add(node.output)
+    seen_inputs: set[Value] = set()
     for value in graph.inputs:
-        if not isinstance(value.producer.op, Input) or id(value) in seen_inputs:
+        if not isinstance(value.producer.op, Input) or value in seen_inputs:
             raise InvalidGraphError(f"graph input {value} is not a unique Input node")
-        if id(value) not in defined:
+        if value not in defined:
             raise InvalidGraphError(f"graph input {value} is missing from the node list")
-        seen_inputs.add(id(value))
+        seen_inputs.add(value)
     if len(graph.outputs) != len(graph.output_names) or not graph.outputs:
         raise InvalidGraphError("graph outputs and output names do not match")
     for name, value in zip(graph.output_names, graph.outputs, strict=True):
-        if id(value) not in defined:
+        if value not in defined:
             raise InvalidGraphError(f"graph output '{name}' is not defined by any node")
 
 

@@ -15,7 +15,7 @@ from onnx import helper
 
 from knopt.errors import CodegenError, KnoptError, UnsupportedModelError
 from knopt.ir.dtype import DType
-from knopt.ir.graph import Graph, Value
+from knopt.ir.graph import Graph, Node, Value
 from knopt.ir.shape import Sym
 from knopt.onnx.emitter import Emitter
 from knopt.onnx.export_ops import EXPORTERS
@@ -64,11 +64,11 @@ def save_onnx(
 
 
 def _model(
-    graph: Graph, opset: int, spans: dict[int, tuple[int, int]] | None = None
+    graph: Graph, opset: int, spans: dict[Node, tuple[int, int]] | None = None
 ) -> onnx.ModelProto:
-    """The ONNX model of a graph; `spans` receives, per IR node id, the range of its nodes."""
+    """The ONNX model of a graph; `spans` receives, per IR node, the range of its nodes."""
     emitter = Emitter(graph, opset=opset)
-    names: dict[int, str] = {}
+    names: dict[Value, str] = {}
     types = {name: int(v.dtype) for name, v in zip(graph.input_names, graph.inputs, strict=True)}
     for node in graph.nodes:
         exporter = EXPORTERS.get(type(node.op))
@@ -76,14 +76,12 @@ def _model(
             raise UnsupportedModelError(f"{node.describe()}: op cannot be exported to ONNX")
         emitter.begin(node)
         start = len(emitter.nodes)
-        names[id(node.output)] = exporter(
-            emitter, node.op, node, [names[id(v)] for v in node.inputs]
-        )
+        names[node.output] = exporter(emitter, node.op, node, [names[v] for v in node.inputs])
         if any(v.dtype in _NARROW_FLOATS for v in (*node.inputs, node.output)):
             emitter.carry_narrow_floats(start, types)
-        types[names[id(node.output)]] = int(node.output.dtype)
+        types[names[node.output]] = int(node.output.dtype)
         if spans is not None:
-            spans[id(node)] = (start, len(emitter.nodes))
+            spans[node] = (start, len(emitter.nodes))
     _name_outputs(emitter, graph, names)
     proto = helper.make_graph(
         emitter.nodes,
@@ -103,12 +101,12 @@ def _model(
     return model
 
 
-def _name_outputs(emitter: Emitter, graph: Graph, names: Mapping[int, str]) -> None:
+def _name_outputs(emitter: Emitter, graph: Graph, names: Mapping[Value, str]) -> None:
     """Give the graph outputs their names: rename the producing node's output, or copy it."""
     produced = {name: node for node in emitter.nodes for name in node.output}
     renamed: dict[str, str] = {}
     for out_name, value in zip(graph.output_names, graph.outputs, strict=True):
-        source = renamed.get(names[id(value)], names[id(value)])
+        source = renamed.get(names[value], names[value])
         if source == out_name:
             continue
         if source in produced and source not in renamed.values():

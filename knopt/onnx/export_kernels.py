@@ -13,7 +13,7 @@ import onnx
 from onnx import helper
 
 from knopt.errors import CodegenError, KnoptError
-from knopt.ir.graph import Graph
+from knopt.ir.graph import Graph, Node
 from knopt.onnx.export import DEFAULT_OPSET, _model
 
 DOMAIN = "knopt"
@@ -21,7 +21,7 @@ DOMAIN = "knopt"
 
 def save_kernels(
     graph: Graph,
-    groups: Mapping[int, int],
+    groups: Mapping[Node, int],
     kinds: Mapping[int, str],
     path: str | os.PathLike[str] | None = None,
     *,
@@ -31,7 +31,7 @@ def save_kernels(
 
     Args:
         graph: The optimized graph (fused kernels written out as their ops).
-        groups: IR node id to kernel key, for the nodes of fused kernels.
+        groups: IR node to kernel key, for the nodes of fused kernels.
         kinds: Kernel key to the kernel's kind ("elementwise", "layer_norm", ...), which names
             the function.
         path: Where to write the model, or None to only return it.
@@ -41,14 +41,14 @@ def save_kernels(
         CodegenError: If the result is not valid ONNX (a knopt bug).
         KnoptError: If the file cannot be written.
     """
-    spans: dict[int, tuple[int, int]] = {}
+    spans: dict[Node, tuple[int, int]] = {}
     model = _model(graph, opset, spans)
     nodes = list(model.graph.node)
     owner: dict[int, int] = {}
     for node in graph.nodes:
-        key = groups.get(id(node))
+        key = groups.get(node)
         if key is not None:
-            start, end = spans[id(node)]
+            start, end = spans[node]
             owner.update(dict.fromkeys(range(start, end), key))
     for i, node in enumerate(nodes):
         # Constants and size arithmetic are shared by several kernels: they stay outside.

@@ -18,7 +18,7 @@ def attribute(
     An original node belongs to its own class when the program computes that class; otherwise
     to the class of the first reader downstream (in the original graph) that it computes.
     """
-    index = {id(node): i for i, node in enumerate(graph.nodes)}
+    index = {node: i for i, node in enumerate(graph.nodes)}
     owner: dict[int, int] = {}  # original node index -> class that accounts for it
     for i in range(len(graph.nodes) - 1, -1, -1):
         cls, _ = ir_nodes[i]
@@ -27,9 +27,7 @@ def attribute(
         if cls in choice:
             owner[i] = cls
             continue
-        readers = [
-            owner[index[id(u)]] for u in graph.nodes[i].output.users() if index[id(u)] in owner
-        ]
+        readers = [owner[index[u]] for u in graph.nodes[i].output.users() if index[u] in owner]
         if readers:
             owner[i] = readers[0]
     found: dict[int, list[int]] = {}

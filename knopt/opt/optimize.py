@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from knopt.ir.graph import Graph
+from knopt.ir.graph import Graph, Node
 from knopt.ir.kernel import KernelKind
 from knopt.ir.program import Program, program_from_graph
 from knopt.ir.validate import validate
@@ -37,7 +37,7 @@ class OptimizeResult:
     graph: Graph
     program: Program
     report: OptimizeReport
-    groups: dict[int, int] = field(default_factory=dict)  # fused graph node id -> kernel key
+    groups: dict[Node, int] = field(default_factory=dict)  # fused graph node -> kernel key
     group_kinds: dict[int, str] = field(default_factory=dict)  # kernel key -> kernel kind
 
 
@@ -112,7 +112,7 @@ def optimize(
     # Original node names: through phase 1's classes to its graph, then through phase 2's.
     origin = _origins(graph, algebra)
     names = {
-        cls: sorted({name for i in nodes for name in origin.get(id(first.nodes[i]), [])})
+        cls: sorted({name for i in nodes for name in origin.get(first.nodes[i], [])})
         for cls, nodes in attribute(
             first, kernels.saturation.ir_nodes, kernels.extraction.choice
         ).items()
@@ -171,7 +171,7 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _origins(graph: Graph, phase: _Phase) -> dict[int, list[str]]:
+def _origins(graph: Graph, phase: _Phase) -> dict[Node, list[str]]:
     """For each node of phase 1's graph, the original node names it stands for."""
     per_class = {
         # One ONNX node often imports as several IR nodes of its name: each name once.
@@ -181,11 +181,11 @@ def _origins(graph: Graph, phase: _Phase) -> dict[int, list[str]]:
         ).items()
     }
     rebuilt = phase.rebuilt
-    found: dict[int, list[str]] = {}
+    found: dict[Node, list[str]] = {}
     for node in rebuilt.graph.nodes:
-        cls = rebuilt.kernel_of.get(id(node), rebuilt.class_of.get(id(node)))
+        cls = rebuilt.kernel_of.get(node, rebuilt.class_of.get(node))
         if cls is not None:
-            found[id(node)] = per_class.get(cls, [])
+            found[node] = per_class.get(cls, [])
     return found
 
 
@@ -210,7 +210,7 @@ RECOGNISED = frozenset(
 )
 
 
-def _patterns(algebra: _Phase, origin: dict[int, list[str]]) -> list[Pattern]:
+def _patterns(algebra: _Phase, origin: dict[Node, list[str]]) -> list[Pattern]:
     """The ops phase 1 recognised, each with the original nodes it replaces.
 
     Phase 1, not the kernel phase: a fused kernel holds several recognised ops (a LayerNorm
@@ -219,10 +219,10 @@ def _patterns(algebra: _Phase, origin: dict[int, list[str]]) -> list[Pattern]:
     rebuilt, choice, model = algebra.rebuilt, algebra.extraction.choice, algebra.model
     found = []
     for node in rebuilt.graph.nodes:
-        cls = rebuilt.class_of.get(id(node))
+        cls = rebuilt.class_of.get(node)
         if node.op.name not in RECOGNISED or cls is None:
             continue
-        replaced = origin.get(id(node)) or ([node.name] if node.name else [])
+        replaced = origin.get(node) or ([node.name] if node.name else [])
         found.append(Pattern(node.op.name, replaced, model.node_cost(cls, choice[cls])))
     return found
 
@@ -231,14 +231,15 @@ def _program(
     rebuilt: Rebuilt, choice: dict[int, ENode], model: CostModel, names: dict[int, list[str]]
 ) -> Program:
     """The kernel program of an extraction, with each kernel's cost and original names."""
-    costs: dict[int, float] = {}
-    kernel_names: dict[int, list[str]] = {}
+    # Fused kernels by their class; single-op kernels by their node.
+    costs: dict[Node | int, float] = {}
+    kernel_names: dict[Node | int, list[str]] = {}
     for cls in set(rebuilt.kernel_of.values()):
         costs[cls] = model.node_cost(cls, choice[cls])
         kernel_names[cls] = names.get(cls, [])
-    for node_id, cls in rebuilt.class_of.items():
-        if node_id not in rebuilt.kernel_of:
-            costs[node_id] = model.node_cost(cls, choice[cls])
+    for node, cls in rebuilt.class_of.items():
+        if node not in rebuilt.kernel_of:
+            costs[node] = model.node_cost(cls, choice[cls])
             if cls in names:
-                kernel_names[node_id] = names[cls]
+                kernel_names[node] = names[cls]
     return program_from_graph(rebuilt.graph, rebuilt.kernel_of, costs, kernel_names)

@@ -266,8 +266,8 @@ class Rebuilt:
     """
 
     graph: Graph
-    kernel_of: dict[int, int]
-    class_of: dict[int, int]
+    kernel_of: dict[Node, int]
+    class_of: dict[Node, int]
 
 
 def rebuild_graph(
@@ -290,6 +290,6 @@ def rebuild_graph(
     for before, after in zip(original.outputs, graph.outputs, strict=True):
         if before.type != after.type:
             raise OptimizeError(f"optimized output has type {after.type}, not {before.type}")
-    class_of = {id(v.producer): c for c, v in rebuilder.values.items()}
-    kernel_of = {k: int(v) for k, v in rebuilder.builder.scopes.items()}  # type: ignore[call-overload]
+    class_of = {v.producer: c for c, v in rebuilder.values.items()}
+    kernel_of = {node: int(cls) for node, cls in rebuilder.builder.scopes.items()}  # type: ignore[call-overload]
     return Rebuilt(graph, kernel_of, class_of)

@@ -218,7 +218,7 @@ def locate_terms(terms: list[Any], data: EGraphData) -> list[tuple[int, ENode]]:
     e-node with the same constructor and arguments.
     """
     index = {node_key(n): cls for cls, nodes in data.classes.items() for n in nodes}
-    located: dict[int, int] = {}  # id(term) -> class; the terms outlive this call
+    located: dict[Any, int] = {}  # term (compared by identity) -> class
 
     def value(term: Any) -> Any:
         if not hasattr(term, "name"):  # a literal
@@ -232,9 +232,9 @@ def locate_terms(terms: list[Any], data: EGraphData) -> list[tuple[int, ENode]]:
         return Ref(locate(term))
 
     def locate(term: Any) -> int:
-        if id(term) not in located:
-            located[id(term)] = index[node_key(enode(term))]
-        return located[id(term)]
+        if term not in located:
+            located[term] = index[node_key(enode(term))]
+        return located[term]
 
     def enode(term: Any) -> ENode:
         return ENode(term.name, tuple(value(a) for a in term.args))
@@ -243,5 +243,5 @@ def locate_terms(terms: list[Any], data: EGraphData) -> list[tuple[int, ENode]]:
     for term in terms:
         node = enode(term)
         found.append((index[node_key(node)], node))
-        located[id(term)] = found[-1][0]
+        located[term] = found[-1][0]
     return found

@@ -20,7 +20,7 @@ from egglog import bindings as eb
 from knopt.errors import OptimizeError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
-from knopt.ir.graph import Graph, Node
+from knopt.ir.graph import Graph, Node, Value
 from knopt.ir.op import Binary, PadMode, PoolKind, Reduction, ScatterReduction, Unary
 from knopt.ir.shape import Dim, Sym
 
@@ -383,20 +383,20 @@ def graph_commands(graph: Graph, tables: TermTables) -> LoadedGraph:
     top-level command costs egglog a fraction of a millisecond, so fewer is faster.)
     """
     encoder = _Encoder(tables)
-    outputs = {id(v) for v in graph.outputs}
-    exprs: dict[int, Any] = {}
+    outputs = {v for v in graph.outputs}
+    exprs: dict[Value, Any] = {}
     terms = []
     commands = []
     for index, node in enumerate(graph.nodes):
         value = node.output
         encode = _encoder_of(node)
-        term = encode(encoder, node.op, node, [exprs[id(v)] for v in node.inputs])
+        term = encode(encoder, node.op, node, [exprs[v] for v in node.inputs])
         terms.append(term)
-        if len(value.users()) == 1 and id(value) not in outputs:
-            exprs[id(value)] = term
+        if len(value.users()) == 1 and value not in outputs:
+            exprs[value] = term
         else:
             handle = call("V", lit(index))
             union = eb.Union(SPAN, to_egglog(handle), to_egglog(term))
             commands.append(eb.ActionCommand(union))
-            exprs[id(value)] = handle
+            exprs[value] = handle
     return LoadedGraph(commands, terms)

@@ -18,7 +18,7 @@ import numpy as np
 from knopt.cpu.elementwise import NUMPY_UNARY
 from knopt.cpu.kernels import KERNELS
 from knopt.ir import op as ops
-from knopt.ir.graph import Graph
+from knopt.ir.graph import Graph, Value
 from knopt.ir.kernel import KERNEL_CONSTRUCTORS, KernelKind
 from knopt.ir.op import Input, Iota, Sizes, TensorType, Unary
 from knopt.ir.shape import is_static, static_dims
@@ -48,14 +48,14 @@ def context(values: ClassValues, other: ClassValues, graph: Graph, ir_nodes: Any
     """The context for one e-graph, from the batch graph and where its nodes landed."""
     types: dict[int, TensorType] = {}
     varying: set[int] = set()
-    reads: set[int] = set()
+    reads: set[Value] = set()
     for node, (cls, _) in zip(graph.nodes, ir_nodes, strict=True):
         types.setdefault(cls, node.output.type)
         symbolic = (isinstance(node.op, Iota | Sizes) and not is_static(node.output.shape)) or (
             isinstance(node.op, Sizes) and not is_static(node.op.dims)
         )
-        if isinstance(node.op, Input) or symbolic or any(id(v) in reads for v in node.inputs):
-            reads.add(id(node.output))
+        if isinstance(node.op, Input) or symbolic or any(v in reads for v in node.inputs):
+            reads.add(node.output)
             varying.add(cls)
     return FactContext(values, other, values.tables, types, varying)
 
