@@ -22,10 +22,10 @@ from knopt.ir.op import OP_CLASSES, Binary, PadMode, PoolKind, Reduction, Scatte
 from knopt.ir.program import ELEMENTWISE_EXPRS
 from knopt.onnx.export_ops import EXPORTERS
 from knopt.opt.cost import FLOPS, FREE_OPS
-from knopt.opt.rebuild import DECODERS
 from knopt.opt.rules import rules_dir
 from knopt.opt.serialized import Ref
 from knopt.opt.terms import (
+    DECODERS,
     ENCODERS,
     ENUM_PREFIX,
     LEAF_TERMS,

@@ -8,9 +8,8 @@ must equal what typing.egg said of its class: a mismatch means an unsound rule.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,50 +20,12 @@ from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Node, Value
 from knopt.ir.kernel import KERNEL_CONSTRUCTORS, KernelKind
-from knopt.ir.op import Binary, PadMode, PoolKind, Reduction, ScatterReduction, TensorType, Unary
+from knopt.ir.op import Binary, TensorType, Unary
 from knopt.ir.shape import Dim
-from knopt.opt.serialized import EGraphData, ENode, SRef
-from knopt.opt.terms import TermTables
-from knopt.opt.terms import enum_member as _enum
+from knopt.opt.serialized import EGraphData, ENode
+from knopt.opt.terms import DECODERS, TermTables, decode_main_op, enum_member, prologue_of
 
 _VIEWS = frozenset(cls.__name__ for cls in ops.VIEW_OPS)
-
-
-def _pairs(flat: Sequence[int]) -> tuple[tuple[int, int], ...]:
-    return tuple((flat[i], flat[i + 1]) for i in range(0, len(flat), 2))
-
-
-class SizeCodes(Protocol):
-    """What a decoder reads sizes with: i64 codes to sizes (negative codes are symbolic)."""
-
-    def size(self, code: int) -> Dim:
-        """The size a code stands for."""
-        ...
-
-    def shape(self, codes: tuple[int, ...]) -> tuple[Dim, ...]:
-        """The sizes an IVec of codes stands for."""
-        ...
-
-
-Decoder = Callable[[SizeCodes, tuple[Any, ...]], ops.Op]
-
-
-def decode_main_op(sizes: SizeCodes, node: ENode) -> ops.Op | None:
-    """The main op of a kernel term, or None for an elementwise kernel.
-
-    A kernel term's arguments are its main op's term arguments (the operand a prologue
-    computes written as that prologue) followed by the epilogue (knopt/ir/kernel.py).
-    """
-    kind = KernelKind.of_constructor(node.op)
-    assert kind is not None, f"{node.op} is no kernel term"
-    if kind.main_op is None:
-        return None
-    return DECODERS[kind.main_op.__name__](sizes, node.args[:-1])
-
-
-def prologue_of(node: ENode) -> SRef:
-    """The prologue of a kernel term whose kind has one: its first scalar argument."""
-    return next(arg for arg in node.args if isinstance(arg, SRef))
 
 
 class _Rebuilder:
@@ -177,10 +138,10 @@ class _Rebuilder:
         if node.op == "SConst":
             return _splat(b, a[0], shape, DType[a[1]])
         if node.op == "SUnary":
-            return b.unary(_enum(Unary, a[0]), self._expand(a[1].id, shape, acc))
+            return b.unary(enum_member(Unary, a[0]), self._expand(a[1].id, shape, acc))
         if node.op == "SBinary":
             left, right = (self._expand(x.id, shape, acc) for x in a[1:])
-            return b.apply(ops.BinaryOp(_enum(Binary, a[0])), [left, right])
+            return b.apply(ops.BinaryOp(enum_member(Binary, a[0])), [left, right])
         if node.op == "SClamp":
             return b.apply(ops.Clamp(a[1], a[2]), [self._expand(a[0].id, shape, acc)])
         if node.op == "SCast":
@@ -220,39 +181,6 @@ def _constant_array(value: Value) -> np.ndarray:
 def _splat(builder: GraphBuilder, value: float, shape: tuple[Dim, ...], dtype: DType) -> Value:
     one = builder.constant(np.array(value).astype(dtype.numpy).reshape((1,) * len(shape)))
     return builder.broadcast(one, shape) if shape != (1,) * len(shape) else one
-
-
-DECODERS: dict[str, Decoder] = {
-    "Iota": lambda r, a: ops.Iota(r.size(a[0]), DType[a[1]]),
-    "Sizes": lambda r, a: ops.Sizes(r.shape(a[0]), DType[a[1]]),
-    "View": lambda r, a: ops.View(r.shape(a[1])),
-    "Broadcast": lambda r, a: ops.Broadcast(r.shape(a[1])),
-    "Permute": lambda r, a: ops.Permute(tuple(a[1])),
-    "Slice": lambda r, a: ops.Slice(a[1], r.size(a[2]), r.size(a[3]), a[4]),
-    "Flip": lambda r, a: ops.Flip(a[1]),
-    "Pad": lambda r, a: ops.Pad(_pairs(a[1]), _enum(PadMode, a[2]), a[3]),
-    "Concat": lambda r, a: ops.Concat(a[1]),
-    "Gather": lambda r, a: ops.Gather(a[2]),
-    "Scatter": lambda r, a: ops.Scatter(a[3], _enum(ScatterReduction, a[4])),
-    "Cast": lambda r, a: ops.Cast(DType[a[1]]),
-    "UnaryOp": lambda r, a: ops.UnaryOp(_enum(Unary, a[0])),
-    "BinaryOp": lambda r, a: ops.BinaryOp(_enum(Binary, a[0])),
-    "Clamp": lambda r, a: ops.Clamp(a[1], a[2]),
-    "Where": lambda r, a: ops.Where(),
-    "Reduce": lambda r, a: ops.Reduce(_enum(Reduction, a[0]), tuple(a[2])),
-    "ArgReduce": lambda r, a: ops.ArgReduce(a[1], a[2], a[3]),
-    "ArgSort": lambda r, a: ops.ArgSort(a[1], a[2]),
-    "CumSum": lambda r, a: ops.CumSum(a[1], a[2], a[3]),
-    "MatMul": lambda r, a: ops.MatMul(),
-    "Conv": lambda r, a: ops.Conv(tuple(a[2]), _pairs(a[3]), tuple(a[4]), a[5]),
-    "Pool": lambda r, a: ops.Pool(
-        _enum(PoolKind, a[0]), tuple(a[2]), tuple(a[3]), _pairs(a[4]), tuple(a[5]), a[6], a[7]
-    ),
-    "Softmax": lambda r, a: ops.Softmax(a[1]),
-    "LayerNorm": lambda r, a: ops.LayerNorm(a[1], a[2]),
-    "RmsNorm": lambda r, a: ops.RmsNorm(a[1], a[2]),
-    "Attention": lambda r, a: ops.Attention(a[4]),
-}
 
 
 @dataclass

@@ -1,10 +1,11 @@
-"""IR graphs as egglog terms (rules/schema.egg), built as command objects without text parsing.
+"""IR ops as egglog terms (rules/schema.egg) and back: the term form of the IR, both ways.
 
 Each IR op class has one encoder in `ENCODERS` that gives its constructor name and attribute
+arguments, and one decoder in `DECODERS` that makes the op again from a serialized e-node's
 arguments; `schema.egg` declares the constructors with the same names (tests/test_tables.py
-checks both).
-Symbolic sizes become negative sentinels, large constants become indices into a table, and
-constants whose elements are all equal become `Splat`s.
+checks all three, and that decoding undoes encoding). Terms are built as command objects,
+without text parsing. Symbolic sizes become negative sentinels, large constants become
+indices into a table, and constants whose elements are all equal become `Splat`s.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from egglog import bindings as eb
@@ -21,8 +22,10 @@ from knopt.errors import OptimizeError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Node, Value
+from knopt.ir.kernel import KernelKind
 from knopt.ir.op import Binary, PadMode, PoolKind, Reduction, ScatterReduction, Unary
 from knopt.ir.shape import Dim, Sym
+from knopt.opt.serialized import ENode, SRef
 
 EnumT = TypeVar("EnumT", bound=enum.Enum)
 SPAN = eb.PanicSpan()
@@ -400,3 +403,76 @@ def graph_commands(graph: Graph, tables: TermTables) -> LoadedGraph:
             commands.append(eb.ActionCommand(union))
             exprs[value] = handle
     return LoadedGraph(commands, terms)
+
+
+# ---- decoders: terms back to ops ---------------------------------------------------------
+
+
+def _pairs(flat: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    return tuple((flat[i], flat[i + 1]) for i in range(0, len(flat), 2))
+
+
+class SizeCodes(Protocol):
+    """What a decoder reads sizes with: i64 codes to sizes (negative codes are symbolic)."""
+
+    def size(self, code: int) -> Dim:
+        """The size a code stands for."""
+        ...
+
+    def shape(self, codes: tuple[int, ...]) -> tuple[Dim, ...]:
+        """The sizes an IVec of codes stands for."""
+        ...
+
+
+Decoder = Callable[[SizeCodes, tuple[Any, ...]], ops.Op]
+
+
+def decode_main_op(sizes: SizeCodes, node: ENode) -> ops.Op | None:
+    """The main op of a kernel term, or None for an elementwise kernel.
+
+    A kernel term's arguments are its main op's term arguments (the operand a prologue
+    computes written as that prologue) followed by the epilogue (knopt/ir/kernel.py).
+    """
+    kind = KernelKind.of_constructor(node.op)
+    assert kind is not None, f"{node.op} is no kernel term"
+    if kind.main_op is None:
+        return None
+    return DECODERS[kind.main_op.__name__](sizes, node.args[:-1])
+
+
+def prologue_of(node: ENode) -> SRef:
+    """The prologue of a kernel term whose kind has one: its first scalar argument."""
+    return next(arg for arg in node.args if isinstance(arg, SRef))
+
+
+DECODERS: dict[str, Decoder] = {
+    "Iota": lambda r, a: ops.Iota(r.size(a[0]), DType[a[1]]),
+    "Sizes": lambda r, a: ops.Sizes(r.shape(a[0]), DType[a[1]]),
+    "View": lambda r, a: ops.View(r.shape(a[1])),
+    "Broadcast": lambda r, a: ops.Broadcast(r.shape(a[1])),
+    "Permute": lambda r, a: ops.Permute(tuple(a[1])),
+    "Slice": lambda r, a: ops.Slice(a[1], r.size(a[2]), r.size(a[3]), a[4]),
+    "Flip": lambda r, a: ops.Flip(a[1]),
+    "Pad": lambda r, a: ops.Pad(_pairs(a[1]), enum_member(PadMode, a[2]), a[3]),
+    "Concat": lambda r, a: ops.Concat(a[1]),
+    "Gather": lambda r, a: ops.Gather(a[2]),
+    "Scatter": lambda r, a: ops.Scatter(a[3], enum_member(ScatterReduction, a[4])),
+    "Cast": lambda r, a: ops.Cast(DType[a[1]]),
+    "UnaryOp": lambda r, a: ops.UnaryOp(enum_member(Unary, a[0])),
+    "BinaryOp": lambda r, a: ops.BinaryOp(enum_member(Binary, a[0])),
+    "Clamp": lambda r, a: ops.Clamp(a[1], a[2]),
+    "Where": lambda r, a: ops.Where(),
+    "Reduce": lambda r, a: ops.Reduce(enum_member(Reduction, a[0]), tuple(a[2])),
+    "ArgReduce": lambda r, a: ops.ArgReduce(a[1], a[2], a[3]),
+    "ArgSort": lambda r, a: ops.ArgSort(a[1], a[2]),
+    "CumSum": lambda r, a: ops.CumSum(a[1], a[2], a[3]),
+    "MatMul": lambda r, a: ops.MatMul(),
+    "Conv": lambda r, a: ops.Conv(tuple(a[2]), _pairs(a[3]), tuple(a[4]), a[5]),
+    "Pool": lambda r, a: ops.Pool(
+        enum_member(PoolKind, a[0]), tuple(a[2]), tuple(a[3]), _pairs(a[4]), tuple(a[5]), a[6], a[7]
+    ),
+    "Softmax": lambda r, a: ops.Softmax(a[1]),
+    "LayerNorm": lambda r, a: ops.LayerNorm(a[1], a[2]),
+    "RmsNorm": lambda r, a: ops.RmsNorm(a[1], a[2]),
+    "Attention": lambda r, a: ops.Attention(a[4]),
+}

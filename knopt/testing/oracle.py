@@ -22,9 +22,8 @@ from knopt.ir.graph import Graph, Value
 from knopt.ir.kernel import KERNEL_CONSTRUCTORS, KernelKind
 from knopt.ir.op import Input, Iota, Sizes, TensorType, Unary
 from knopt.ir.shape import is_static, static_dims
-from knopt.opt.rebuild import decode_main_op, prologue_of
 from knopt.opt.serialized import SRef
-from knopt.opt.terms import TermTables
+from knopt.opt.terms import TermTables, decode_main_op, prologue_of
 from knopt.testing.compare import compare_arrays
 from knopt.testing.facts import Fact
 from knopt.testing.values import ClassValues, Uncomputable
