@@ -58,6 +58,7 @@ def run_suite() -> dict[str, Outcome]:
     for class_name, cls in suite.test_cases.items():
         kind = class_name.removeprefix("OnnxBackend").removesuffix("ModelTest")
         for test in unittest.defaultTestLoader.loadTestsFromTestCase(cls):
+            assert isinstance(test, unittest.TestCase)
             name = test.id().rsplit(".", 1)[1]
             if not name.endswith("_cpu"):
                 continue
@@ -85,6 +86,7 @@ def node_ops() -> dict[str, str]:
     """The op a node case tests (the first op of its graph that is not a Constant)."""
     ops = {}
     for case in load_model_tests(kind="node"):
+        assert case.model is not None
         types = [n.op_type for n in case.model.graph.node if n.op_type != "Constant"]
         ops[case.name] = types[0] if types else "Constant"
     return ops

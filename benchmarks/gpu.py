@@ -11,6 +11,7 @@ knopt kernel reaches of it. Needs a CUDA GPU, torch, torchvision and transformer
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -114,7 +115,7 @@ def time_cuda(
 def relative_error(mine: np.ndarray, theirs: np.ndarray) -> float:
     """‖mine - theirs‖ / ‖theirs‖ in float64."""
     a, b = mine.astype(np.float64), theirs.astype(np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+    return float(np.linalg.norm(a - b)) / max(float(np.linalg.norm(b)), 1e-30)
 
 
 def bench_model(
@@ -156,14 +157,14 @@ def bench_model(
             with torch.no_grad():
                 reference = model(tx)
                 reference = reference[0] if isinstance(reference, tuple) else reference
-                row["eager_ms"] = time_cuda(lambda m=model, t=tx: m(t), default_stream)
+                row["eager_ms"] = time_cuda(functools.partial(model, tx), default_stream)
                 for mode in modes:
                     began = time.perf_counter()
                     compiled = torch.compile(model, mode=None if mode == "default" else mode)
                     compiled(tx)
                     row[f"compile_{mode}_s"] = round(time.perf_counter() - began, 1)
                     row[f"compile_{mode}_ms"] = time_cuda(
-                        lambda c=compiled, t=tx: c(t), default_stream
+                        functools.partial(compiled, tx), default_stream
                     )
             began = time.perf_counter()
             runner = CudaRunner("fp16" if half else "f32")
@@ -174,7 +175,7 @@ def bench_model(
             row["knopt_prepare_s"] = round(time.perf_counter() - began, 1)
             stream = torch.cuda.ExternalStream(executable.gpu.stream_handle)
             row["knopt_ms"] = time_cuda(
-                lambda e=executable, f=feeds: e.run(f, device_outputs=True), stream
+                functools.partial(executable.run, feeds, device_outputs=True), stream
             )
             row["knopt_replay_ms"] = time_cuda(executable.replay, stream)
             row["knopt_arena_MiB"] = executable.plan.region_bytes["arena"] / 2**20
@@ -217,7 +218,7 @@ def _fused(
     (fused_out,) = fused.run(feeds, device_outputs=True)
     fused_stream = torch.cuda.ExternalStream(fused.gpu.stream_handle)
     row["knopt_fused_ms"] = time_cuda(
-        lambda e=fused, f=feeds: e.run(f, device_outputs=True), fused_stream
+        functools.partial(fused.run, feeds, device_outputs=True), fused_stream
     )
     row["knopt_fused_launches"] = len(program.launches())
     row["knopt_fused_error_vs_torch"] = relative_error(

@@ -29,9 +29,9 @@ def random_array(
         values = np.where(np.abs(values) < 1e-2, 0.5, values)
         return values.astype(dtype.numpy)
     lo = max(int(low), 1) if not dtype.is_signed else int(low)
-    values = rng.integers(lo, max(int(high), lo + 1) + 1, shape)
-    values = np.where(values == 0, 1, values)
-    return values.astype(dtype.numpy)
+    ints = rng.integers(lo, max(int(high), lo + 1) + 1, shape)
+    ints = np.where(ints == 0, 1, ints)
+    return ints.astype(dtype.numpy)
 
 
 def run_knopt(graph: Graph, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:

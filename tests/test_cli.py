@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -67,7 +68,7 @@ def test_info_of_a_missing_file_is_an_error(
 
 
 def test_run_writes_outputs_named_after_the_model_outputs(tmp_path: Path) -> None:
-    feeds = MLP.feeds()
+    feeds: dict[str, Any] = MLP.feeds()
     np.savez(tmp_path / "in.npz", **feeds)
     out = tmp_path / "out.npz"
     assert (
@@ -84,7 +85,7 @@ def test_run_writes_outputs_named_after_the_model_outputs(tmp_path: Path) -> Non
 def test_run_without_output_prints_a_summary_per_output(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    feeds = MLP.feeds()
+    feeds: dict[str, Any] = MLP.feeds()
     np.savez(tmp_path / "in.npz", **feeds)
     assert main(["run", str(MLP.path), "--inputs", str(tmp_path / "in.npz")]) == 0
     (result,) = knopt.compile(MLP.path).run(None, feeds)
@@ -97,7 +98,7 @@ def test_run_without_output_prints_a_summary_per_output(
 def test_run_with_dims_fixes_symbolic_sizes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    feeds = GPT2.feeds()
+    feeds: dict[str, Any] = GPT2.feeds()
     batch, seq = feeds["input_ids"].shape
     np.savez(tmp_path / "in.npz", **feeds)
     args = [
@@ -142,7 +143,8 @@ def test_run_rejects_unreadable_inputs(
 def test_run_rejects_malformed_dims(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], dims: str
 ) -> None:
-    np.savez(tmp_path / "in.npz", **MLP.feeds())
+    feeds: dict[str, Any] = MLP.feeds()
+    np.savez(tmp_path / "in.npz", **feeds)
     args = ["run", str(MLP.path), "--inputs", str(tmp_path / "in.npz"), "--dims", dims]
     assert main(args) == 2
     assert "NAME=SIZE" in capsys.readouterr().err

@@ -140,7 +140,8 @@ def test_every_ir_op_has_a_decoder() -> None:
 
 
 def _graphs_covering_every_op() -> list[Graph]:
-    found, seen = [], set()
+    found: list[Graph] = []
+    seen: set[type[ops.Op]] = set()
     for seed in range(2000):
         graph = graph_from_seed(seed).graph
         new = {type(n.op) for n in graph.nodes} - seen

@@ -101,7 +101,9 @@ class GraphBuilder:
 
     # ---- leaves ----------------------------------------------------------------------
 
-    def constant(self, array: np.ndarray | float | int | bool, dtype: DType | None = None) -> Value:
+    def constant(
+        self, array: np.ndarray | np.generic | float | int | bool, dtype: DType | None = None
+    ) -> Value:
         """A constant tensor (copied)."""
         data = np.array(array, dtype=dtype.numpy if dtype is not None else None)
         return self.apply(ops.Constant(ConstData(data)))

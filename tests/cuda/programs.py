@@ -12,6 +12,7 @@ from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph
 from knopt.ir.op import TensorType
 from knopt.ir.program import Expr, Kernel, Program, Tensor, program_from_graph
+from knopt.ir.shape import Dim
 
 
 class ProgramBuilder:
@@ -24,7 +25,7 @@ class ProgramBuilder:
         self.names: list[str] = []
         self.constants: dict[int, np.ndarray] = {}
 
-    def _tensor(self, shape: Sequence[int], dtype: DType, role: str) -> int:
+    def _tensor(self, shape: Sequence[Dim], dtype: DType, role: str) -> int:
         self.tensors.append(Tensor(len(self.tensors), TensorType(tuple(shape), dtype), role))
         return len(self.tensors) - 1
 
@@ -50,7 +51,7 @@ class ProgramBuilder:
         kind: str,
         op: ops.Op | None,
         inputs: Sequence[int],
-        shape: Sequence[int],
+        shape: Sequence[Dim],
         dtype: DType,
         *,
         body: Expr | None = None,
@@ -98,8 +99,8 @@ def random_array(rng: np.random.Generator, shape: Sequence[int], dtype: DType) -
         values = np.where(np.abs(values) < 1e-2, 0.5, values)
         return values.astype(dtype.numpy)
     low = 1 if not dtype.is_signed else -5
-    values = rng.integers(low, 6, shape)
-    return np.where(values == 0, 1, values).astype(dtype.numpy)
+    ints = rng.integers(low, 6, shape)
+    return np.where(ints == 0, 1, ints).astype(dtype.numpy)
 
 
 def compare(

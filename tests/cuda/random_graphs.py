@@ -7,6 +7,7 @@ import numpy as np
 from knopt.ir import GraphBuilder, Value
 from knopt.ir.dtype import DType
 from knopt.ir.op import Binary, Reduction, Unary
+from knopt.ir.shape import static_dims
 
 _UNARY = [
     Unary.NEG,
@@ -52,7 +53,8 @@ class RandomGraphs:
         for _ in range(steps):
             x = values[int(rng.integers(len(values)))]
             choice = int(rng.integers(12))
-            shape = tuple(int(d) for d in x.shape)
+            shape = static_dims(x.shape)
+            assert shape is not None
             if choice == 0:
                 y = g.unary(_UNARY[int(rng.integers(len(_UNARY)))], x)
             elif choice in (1, 2):
@@ -61,8 +63,8 @@ class RandomGraphs:
                 y = g.binary(kind, x, other) if rng.random() < 0.5 else g.binary(kind, other, x)
             elif choice == 3:
                 axes = sorted({int(a) for a in rng.integers(0, len(shape), 2)})
-                kind = [Reduction.SUM, Reduction.MAX, Reduction.MIN][int(rng.integers(3))]
-                y = g.reduce(kind, x, axes=axes)
+                reduction = [Reduction.SUM, Reduction.MAX, Reduction.MIN][int(rng.integers(3))]
+                y = g.reduce(reduction, x, axes=axes)
             elif choice == 4:
                 y = g.softmax(x, axis=int(rng.integers(len(shape))))
             elif choice == 5:

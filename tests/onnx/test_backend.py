@@ -113,7 +113,9 @@ def model_opsets() -> dict[str, int]:
     return opsets
 
 
-def _opset(model: onnx.ModelProto) -> int:
+def _opset(model: onnx.ModelProto | None) -> int:
+    if model is None:
+        return 0
     return next((e.version for e in model.opset_import if e.domain in ("", "ai.onnx")), 0)
 
 

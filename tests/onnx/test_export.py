@@ -21,9 +21,10 @@ from knopt.ir.op import (
     PoolKind,
     Reduction,
     ScatterReduction,
+    Sizes,
     Unary,
 )
-from knopt.ir.shape import Shape
+from knopt.ir.shape import Dim, Shape
 from knopt.onnx.export import save_onnx
 from knopt.onnx.export_elementwise import BINARY_EXPORTERS, UNARY_EXPORTERS
 from knopt.onnx.export_ops import EXPORTERS
@@ -146,18 +147,25 @@ _STRUCTURAL: dict[str, Body] = {
     "sizes": lambda b, x: b.apply(_sizes_op((2, 7), DType.I32)),
 }
 
+
+def _reduce(kind: Reduction) -> Body:
+    return lambda b, x: b.reduce(kind, x, axes=(0, 2))
+
+
+def _cumsum(exclusive: bool, reverse: bool) -> Body:
+    return lambda b, x: b.cumsum(x, axis=2, exclusive=exclusive, reverse=reverse)
+
+
 for _kind in Reduction:
-    _STRUCTURAL[f"reduce_{_kind.name.lower()}"] = lambda b, x, k=_kind: b.reduce(k, x, axes=(0, 2))
+    _STRUCTURAL[f"reduce_{_kind.name.lower()}"] = _reduce(_kind)
 for _exclusive in (False, True):
     for _reverse in (False, True):
-        _STRUCTURAL[f"cumsum_exclusive{_exclusive:d}_reverse{_reverse:d}"] = (
-            lambda b, x, e=_exclusive, r=_reverse: b.cumsum(x, axis=2, exclusive=e, reverse=r)
+        _STRUCTURAL[f"cumsum_exclusive{_exclusive:d}_reverse{_reverse:d}"] = _cumsum(
+            _exclusive, _reverse
         )
 
 
-def _sizes_op(dims: tuple[int, ...], dtype: DType) -> object:
-    from knopt.ir.op import Sizes
-
+def _sizes_op(dims: tuple[Dim, ...], dtype: DType) -> Sizes:
     return Sizes(dims, dtype)
 
 

@@ -11,7 +11,7 @@ from knopt.onnx.legalize import carry_narrow_floats
 
 def test_bfloat16_hard_swish_at_opset_18_computes_in_float32() -> None:
     counter = itertools.count()
-    types = {"x": TensorProto.BFLOAT16}
+    types: dict[str, int] = {"x": TensorProto.BFLOAT16}
     node = helper.make_node("HardSwish", ["x"], ["y"], name="hs")
     nodes = carry_narrow_floats(
         [node], types, 18, lambda w: f"{w}{next(counter)}", lambda w: f"{w}{next(counter)}"
@@ -25,7 +25,7 @@ def test_bfloat16_hard_swish_at_opset_18_computes_in_float32() -> None:
 
 
 def test_supported_types_are_left_alone() -> None:
-    types = {"x": TensorProto.FLOAT16, "z": TensorProto.BFLOAT16}
+    types: dict[str, int] = {"x": TensorProto.FLOAT16, "z": TensorProto.BFLOAT16}
     nodes = [
         helper.make_node("HardSwish", ["x"], ["y"]),  # float16 is allowed at 18
         helper.make_node("HardSwish", ["z"], ["w"]),  # bfloat16 is, from 22
@@ -37,7 +37,7 @@ def test_supported_types_are_left_alone() -> None:
 
 def test_inputs_of_unknown_type_leave_outputs_unknown() -> None:
     # A float16 BERT exports size arithmetic whose types are not tracked: no KeyError.
-    types = {"x": TensorProto.FLOAT16}
+    types: dict[str, int] = {"x": TensorProto.FLOAT16}
     nodes = [helper.make_node("Expand", ["x", "sizes"], ["y"])]
     assert carry_narrow_floats(nodes, types, 18, str, str) == nodes
     assert "y" not in types

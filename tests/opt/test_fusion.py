@@ -12,6 +12,7 @@ from knopt.cpu import run_graph
 from knopt.cpu.program import run_program
 from knopt.ir import DType, GraphBuilder, Unary
 from knopt.ir.program import format_expr, format_program
+from knopt.opt import OptimizeResult
 from knopt.opt.cost import H200, DeviceProfile
 from tests.models import Fixture, fixtures
 
@@ -58,7 +59,7 @@ def _shared(rng: np.random.Generator, heavy: bool) -> knopt.Graph:
     return b.build()
 
 
-def _materialized(result: knopt.opt.optimize.OptimizeResult) -> int:
+def _materialized(result: OptimizeResult) -> int:
     return len(result.program.launches())
 
 

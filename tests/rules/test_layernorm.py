@@ -131,7 +131,7 @@ def test_layer_norm_over_channels_is_a_permuted_layer_norm(rng: np.random.Genera
     assert result.fired("layer-norm-over-channels") > 0
     assert result.fired("mean-over-channels") > 0
     (norm,) = [n for n in result.after.nodes if isinstance(n.op, ops.LayerNorm)]
-    assert norm.op.axis == 3
+    assert isinstance(norm.op, ops.LayerNorm) and norm.op.axis == 3
     assert norm.inputs[0].shape == (2, 3, 5, 4)
     assert result.count("SQRT") == 0
 

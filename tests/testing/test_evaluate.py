@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from knopt.ir import DType, GraphBuilder
+from knopt.ir import DType, GraphBuilder, Value
+from knopt.ir.shape import static_dims
 from knopt.testing.evaluate import Evaluator, Unknown
-from knopt.testing.sexpr import read_forms
+from knopt.testing.sexpr import Expr, read_forms
 
 
-def _expr(text: str):  # type: ignore[no-untyped-def]
+def _expr(text: str) -> Expr:
     (form,) = read_forms(text)
     return form.expr
+
+
+def _static_type(value: Value) -> tuple[tuple[int, ...], str]:
+    dims = static_dims(value.shape)
+    assert dims is not None
+    return dims, value.dtype.name
 
 
 def _evaluator() -> Evaluator:
@@ -20,7 +27,7 @@ def _evaluator() -> Evaluator:
     return Evaluator(
         {"a": 1, "s": (2, 3), "c": 0.7071067},
         {"x": x},
-        lambda v: (tuple(int(d) for d in v.shape), v.dtype.name),
+        _static_type,
         {"is-float": {("F32",)}},
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -42,7 +43,8 @@ def _save(case: Case, folder: Path) -> str:
     """Save the failing case; each failure overwrites the last, so the shrunk one remains."""
     knopt.save(case.graph, folder / "fuzz-failure.onnx")
     (folder / "fuzz-failure.txt").write_text(format_graph(case.graph) + "\n")
-    np.savez(folder / "fuzz-failure-inputs.npz", **case.inputs)
+    inputs: dict[str, Any] = case.inputs
+    np.savez(folder / "fuzz-failure-inputs.npz", **inputs)
     text = format_graph(case.graph)
     return f"{text}\ninputs:\n{describe_inputs(case.inputs)}\nsaved as {folder}/fuzz-failure.onnx"
 

@@ -39,6 +39,7 @@ def test_layer_norm_instances_divide_by_the_row_length() -> None:
         (reduce,) = [n for n in graph.nodes if isinstance(n.op, ops.Reduce)]
         (scale,) = [n for n in graph.nodes if isinstance(n.op, ops.Constant)]
         length = reduce.inputs[0].shape[-1]
+        assert isinstance(scale.op, ops.Constant) and isinstance(length, int)
         assert abs(float(scale.op.data.array.reshape(-1)[0]) * length - 1) < 1e-6
 
 

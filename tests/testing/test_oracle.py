@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from knopt.ir import DType, GraphBuilder
+from knopt.ir import DType, Graph, GraphBuilder
 from knopt.opt.rules import shipped_rule_files
 from knopt.testing.arrays import random_inputs
 from knopt.testing.checkrun import CHECK, PAIR, check_files, run_check
@@ -17,7 +17,7 @@ FILES = shipped_rule_files()
 BOOK = read_rulebook(FILES)
 
 
-def _graph():  # type: ignore[no-untyped-def]
+def _graph() -> Graph:
     g = GraphBuilder("clamps")
     x = g.input("x", (2, 3), DType.F32)
     g.output(g.clamp(g.clamp(x, lo=-1.0, hi=2.0), lo=0.0, hi=5.0), "y")

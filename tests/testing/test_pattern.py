@@ -6,15 +6,17 @@ from knopt.opt.rules import shipped_rule_files
 from knopt.testing.choices import SeededChoices
 from knopt.testing.pattern import flatten, producers, unfold
 from knopt.testing.rulebook import Rulebook, read_rulebook
-from knopt.testing.sexpr import Sym, head, read_forms
+from knopt.testing.sexpr import Expr, Sym, head, read_forms
 
 BOOK: Rulebook = read_rulebook(shipped_rule_files())
 INDEX = producers(BOOK)
 
 
-def _unfolded(name: str, seed: int = 0, deep: bool = False):  # type: ignore[no-untyped-def]
+def _unfolded(name: str, seed: int = 0, deep: bool = False) -> tuple[list[Expr], set[str]]:
     rule = BOOK.rule(name)
-    return unfold(BOOK, INDEX, rule.query, SeededChoices(seed), exclude=name, deep=deep)
+    found = unfold(BOOK, INDEX, rule.query, SeededChoices(seed), exclude=name, deep=deep)
+    assert found is not None, f"{name} did not unfold"
+    return found
 
 
 def test_a_derived_relation_is_explained_by_the_rule_that_makes_it() -> None:

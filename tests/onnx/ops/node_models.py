@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -20,7 +21,7 @@ def node_model(
     opset: int,
     constants: Mapping[str, np.ndarray] | None = None,
     domain: str = "",
-    **attributes: object,
+    **attributes: Any,
 ) -> onnx.ModelProto:
     """A model of one `op_type` node; `inputs` become graph inputs, `constants` initializers.
 

@@ -23,7 +23,7 @@ def test_gather_elements_with_symbolic_batch_and_sequence_matches_onnxruntime(
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     session = knopt.compile(model.SerializeToString())
     for batch, seq in ((1, 3), (2, 5)):
-        feeds = {
+        feeds: dict[str, np.ndarray] = {
             "data": rng.uniform(-1, 1, (batch, seq, 4)).astype(np.float32),
             "index": rng.integers(-4, 4, (batch, seq, 2)).astype(np.int64),
         }
@@ -79,7 +79,7 @@ def test_scatter_nd_with_symbolic_sizes_matches_onnxruntime(rng: np.random.Gener
         # Distinct (row, position) pairs, some written with negative positions.
         rows = np.repeat(np.arange(batch), n).reshape(batch, n)
         cols = np.stack([rng.permutation(seq)[:n] for _ in range(batch)]) - seq * (rows % 2)
-        feeds = {
+        feeds: dict[str, np.ndarray] = {
             "data": rng.uniform(-1, 1, (batch, seq, 3)).astype(np.float32),
             "index": np.stack([rows, cols], axis=-1).astype(np.int64),
             "updates": rng.uniform(-1, 1, (batch, n, 3)).astype(np.float32),
@@ -103,7 +103,7 @@ def test_gather_nd_with_symbolic_sizes_matches_onnxruntime(
     session = knopt.compile(model.SerializeToString())
     for batch, seq, n in ((1, 4, 2), (3, 6, 5)):
         bound = seq if batch_dims else batch
-        feeds = {
+        feeds: dict[str, np.ndarray] = {
             "data": rng.uniform(-1, 1, (batch, seq, 3)).astype(np.float32),
             "index": rng.integers(-bound, bound, (batch, n, 1)).astype(np.int64),
         }

@@ -16,7 +16,7 @@ def test_per_axis_quantize_rounds_half_to_even_and_saturates(
 ) -> None:
     x = rng.uniform(-300, 300, (2, 3, 4)).astype(np.float32)
     x[0, 0, :2] = [0.5, 1.5]  # ties go to the even neighbour
-    constants = {
+    constants: dict[str, np.ndarray] = {
         "scale": np.array([0.5, 1.0, 2.0], np.float32),
         "zero": np.array([1, 2, 3], dtype),
     }
@@ -26,7 +26,7 @@ def test_per_axis_quantize_rounds_half_to_even_and_saturates(
 
 def test_blocked_dequantize_matches_onnxruntime(rng: np.random.Generator) -> None:
     x = rng.integers(-128, 128, (2, 6)).astype(np.int8)
-    constants = {
+    constants: dict[str, np.ndarray] = {
         "scale": rng.uniform(0.1, 1, (2, 3)).astype(np.float32),
         "zero": rng.integers(-5, 5, (2, 3)).astype(np.int8),
     }
@@ -40,7 +40,7 @@ def test_qlinear_conv_with_per_channel_weights_matches_onnxruntime(
     rng: np.random.Generator,
 ) -> None:
     x = rng.integers(0, 256, (1, 2, 5, 5)).astype(np.uint8)
-    constants = {
+    constants: dict[str, np.ndarray] = {
         "x_scale": np.array(0.05, np.float32),
         "x_zero": np.array(128, np.uint8),
         "w": rng.integers(-127, 128, (3, 2, 3, 3)).astype(np.int8),

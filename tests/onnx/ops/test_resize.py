@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
 
 import knopt
 from knopt.ir.op import Gather
@@ -147,10 +149,10 @@ def test_integer_images_resize_with_rounding_and_saturation(rng: np.random.Gener
     np.testing.assert_array_equal(ours, reference)
 
 
-def _reference(model: object, x: np.ndarray) -> np.ndarray:
-    from onnx.reference import ReferenceEvaluator
-
-    return ReferenceEvaluator(model).run(None, {"x": x})[0]
+def _reference(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    outputs = ReferenceEvaluator(model).run(None, {"x": x})
+    assert isinstance(outputs, list)
+    return np.asarray(outputs[0])
 
 
 def test_upsample_9_repeats_pixels_like_onnxruntime(rng: np.random.Generator) -> None:

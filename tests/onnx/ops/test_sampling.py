@@ -37,7 +37,7 @@ def test_roi_align_with_boxes_known_only_at_run_time_matches_the_reference(
     x = rng.uniform(-1, 1, (2, 3, 8, 8)).astype(np.float32)
     rois = np.array([[0.5, 1.0, 6.0, 5.5], [2.0, 0.0, 7.5, 7.5], [1.0, 1.0, 2.0, 3.0]], np.float32)
     batch = np.array([0, 1, 1], np.int64)
-    feeds = {"x": x, "rois": rois, "batch": batch}
+    feeds: dict[str, np.ndarray] = {"x": x, "rois": rois, "batch": batch}
     model = node_model(
         "RoiAlign",
         feeds,

@@ -25,7 +25,7 @@ def test_dft_matches_onnxruntime(
 
 def test_stft_with_a_window_matches_onnxruntime(rng: np.random.Generator) -> None:
     x = rng.uniform(-1, 1, (2, 32, 1)).astype(np.float32)
-    constants = {
+    constants: dict[str, np.ndarray] = {
         "step": np.array(4, np.int64),
         "window": np.hanning(8).astype(np.float32),
     }
