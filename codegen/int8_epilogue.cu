@@ -3,9 +3,9 @@
 // round-half-even requantization with saturation, bias and activation.
 //
 // cuBLASLt multiplies signed int8 only. For y = sum_k (a - za)(w - zw):
-//   @NAME@_prologue turns uint8 activations into int8 (a - 128: flip the top bit; the zero
+//   int8_prologue.cu turns uint8 activations into int8 (a - 128: flip the top bit; the zero
 //     point moves by 128 too) and/or sums each row of the int8 activations;
-//   @NAME@ adds col_offset[n] (made once on the host from the constant weights:
+//   this kernel adds col_offset[n] (made once on the host from the constant weights:
 //     K za zw[n] - za sum_k w[n, k]) and subtracts zw[n] * rowsum[m], then scales.
 // Integer parts are exact (int32, as the accumulator). The float parts run in a fixed order,
 // each step rounded once (no contraction into FMAs): float(acc) * scale * row_scale[m] *
@@ -14,15 +14,14 @@
 // MlasRequantizeOutput does with one multiplier per channel (pass it as col_scale, scale = 1).
 #include "common.cuh"
 
-constexpr bool REQUANTIZE = @REQUANTIZE@;  // else dequantize to @OUT_T@
-constexpr int ACTIVATION = @ACTIVATION@;   // 0: none, 1: relu (dequantize only)
-
 extern "C" __global__ void __launch_bounds__(256)
     @NAME@(const int* __restrict__ acc, int m, int n, const int* __restrict__ col_offset,
            const int* __restrict__ row_sum, const int* __restrict__ w_zero,
            const float* __restrict__ row_scale, const float* __restrict__ col_scale, float scale,
            const float* __restrict__ bias, int zero_point, int qmin, int qmax,
            @OUT_T@* __restrict__ y) {
+  constexpr bool REQUANTIZE = @REQUANTIZE@;  // else dequantize to @OUT_T@
+  constexpr int ACTIVATION = @ACTIVATION@;   // 0: none, 1: relu (dequantize only)
   const size_t count = (size_t)m * n;
   for (size_t i = (size_t)blockIdx.x * 256 + threadIdx.x; i < count; i += (size_t)gridDim.x * 256) {
     const int row = (int)(i / n), col = (int)(i % n);
@@ -40,28 +39,5 @@ extern "C" __global__ void __launch_bounds__(256)
       if constexpr (ACTIVATION == 1) f = fmaxf(f, 0.0f);
       y[i] = kn::Cvt<@OUT_T@, float>::run(f);
     }
-  }
-}
-
-// One block a row: out = x - 128 when flip (uint8 to int8), else x; rowsum[row] = sum of out.
-// Either output may be null.
-extern "C" __global__ void __launch_bounds__(256)
-    @NAME@_prologue(const unsigned char* __restrict__ x, signed char* __restrict__ out,
-                    int* __restrict__ rowsum, int k, int flip) {
-  __shared__ int warp_sums[8];
-  const size_t base = (size_t)blockIdx.x * k;
-  int sum = 0;
-  for (int j = threadIdx.x; j < k; j += 256) {
-    const signed char v = (signed char)(flip ? x[base + j] ^ 0x80 : x[base + j]);
-    if (out) out[base + j] = v;
-    sum += v;
-  }
-  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sum;
-  __syncthreads();
-  if (threadIdx.x == 0 && rowsum) {
-    int total = 0;
-    for (int w = 0; w < 8; ++w) total += warp_sums[w];
-    rowsum[blockIdx.x] = total;
   }
 }

@@ -63,7 +63,7 @@ class Int8Epilogue:
 
     @property
     def name(self) -> str:
-        """The kernel's name (the prologue is `<name>_prologue`)."""
+        """The kernel's name."""
         return f"int8_epilogue_{self.out.short}{'_' + self.activation if self.activation else ''}"
 
     def source(self) -> str:
@@ -106,12 +106,25 @@ class Int8Epilogue:
         )
         gpu.launch(kernel, (blocks, 1, 1), (EPILOGUE_THREADS, 1, 1), 0, values)
 
-    def launch_prologue(
-        self, gpu: Gpu, kernel: Any, x: int, out: int, rowsum: int, m: int, k: int, flip: bool
-    ) -> None:
-        """Queue the activation prologue: `out = x - 128` if `flip`, `rowsum` of the result."""
-        args = (x, out, rowsum, np.int32(k), np.int32(int(flip)))
-        gpu.launch(kernel, (m, 1, 1), (EPILOGUE_THREADS, 1, 1), 0, args)
+
+PROLOGUE = "int8_prologue"
+
+
+def prologue_source() -> str:
+    """The CUDA C++ of the activation prologue (codegen/int8_prologue.cu)."""
+    return render("int8_prologue.cu", NAME=PROLOGUE)
+
+
+def launch_prologue(
+    gpu: Gpu, kernel: Any, x: int, out: int, rowsum: int, m: int, k: int, flip: bool
+) -> None:
+    """Queue the prologue over uint8/int8 activations `x` [M, K] (device addresses, 0 if absent).
+
+    It writes `out = x - 128` (uint8 to int8) if `flip`, else `out = x`, and `rowsum[m]`, the
+    sum of row m of `out`.
+    """
+    args = (x, out, rowsum, np.int32(k), np.int32(int(flip)))
+    gpu.launch(kernel, (m, 1, 1), (EPILOGUE_THREADS, 1, 1), 0, args)
 
 
 @dataclass(frozen=True)

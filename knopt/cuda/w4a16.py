@@ -65,13 +65,15 @@ class W4A16:
         return (f"{self.name}_gemv", f"{self.name}_gemm", f"{self.name}_reduce")
 
     def source(self) -> str:
-        """The CUDA C++ of the module (includes common.cuh)."""
-        return render(
-            "w4a16.cu",
-            NAME=self.name,
-            T=_C_TYPES[self.dtype],
-            BLOCK=self.block,
-            GEMV_WARPS=GEMV_WARPS,
+        """The CUDA C++ of the module: the three kernels (including w4a16.cuh)."""
+        gemv, gemm, reduce = self.kernel_names
+        t = _C_TYPES[self.dtype]
+        return "\n".join(
+            [
+                render("w4a16_gemv.cu", NAME=gemv, T=t, BLOCK=self.block, WARPS=GEMV_WARPS),
+                render("w4a16_gemm.cu", NAME=gemm, T=t, BLOCK=self.block),
+                render("w4a16_reduce.cu", NAME=reduce, T=t),
+            ]
         )
 
     def padded_k(self, k: int) -> int:

@@ -1,11 +1,11 @@
-// codegen/w4a16.cu: weight-only int4 matrix products, Y[M, N] = A[M, K] @ W[N, K]^T + bias, for
-// float16 or bfloat16 activations A (@T@) and W packed as onnxruntime's MatMulNBits stores it:
-//   B       uint8 [N, K_pad / 2], K_pad = k_blocks * @BLOCK@: the codes of row n, two a byte, the
+// codegen/w4a16.cuh: weight-only int4 matrix products, Y[M, N] = A[M, K] @ W[N, K]^T + bias, for
+// float16 or bfloat16 activations A (T) and W packed as onnxruntime's MatMulNBits stores it:
+//   B       uint8 [N, K_pad / 2], K_pad = k_blocks * BLOCK: the codes of row n, two a byte, the
 //           even k in the low nibble (so a little-endian 32-bit word holds 8 consecutive codes,
 //           code j in bits 4j..4j+3);
-//   scales  @T@ [N, k_blocks];
+//   scales  T [N, k_blocks];
 //   zeros   uint8 [N, ceil(k_blocks / 2)], two 4-bit zero points a byte, or null (then 8);
-//   W[n, k] = (code - zero) * scale, rounded once to @T@ (as "dequantize, then multiply").
+//   W[n, k] = (code - zero) * scale, rounded once to T (as "dequantize, then multiply").
 // Sizes are arguments. Needs K % 8 == 0 (16-byte rows of A) and K_pad % 32 == 0 (16-byte weight
 // loads); knopt/cuda/w4a16.py checks both before it launches anything.
 //
@@ -21,6 +21,7 @@
 // (2t + 8, 2t + 9) hold P_0 and P_1 in the first mma of the word and P_2 and P_3 in the second;
 // the matching activations {A[k0 + q], A[k0 + q + 4]} come from one 16-byte load by a byte
 // permute. Results: lane (g, t) accumulates Y[2t + {0, 1}][rows g, g + 8] of its tile.
+#pragma once
 #include "common.cuh"
 
 namespace w4 {
@@ -130,7 +131,7 @@ template <typename T, int BLOCK> struct Tile {
 };
 
 // One lane's weights for one chunk: 32 codes of each of its two rows, with their scales and
-// zero points (as @T@ pairs). A block of 16 meets two blocks in 32 codes, larger ones one.
+// zero points (as T pairs). A block of 16 meets two blocks in 32 codes, larger ones one.
 template <typename T, int BLOCK> struct Chunk {
   static constexpr int SPL = BLOCK >= 32 ? 1 : 2;
   uint4 q[2];
@@ -247,7 +248,7 @@ __device__ __forceinline__ void gemv(const T* __restrict__ a, const u8* __restri
 // 16 bytes, slot 4 i + t holding k = 32 t + 8 i .. + 7 (the bytes lane (g, t) reads for word i),
 // and rows are 320 bytes apart: the eight lanes of each phase of a 16-byte shared load then hit
 // all 32 banks once. gridDim.z > 1 splits K: each split writes fp32 partial sums, which
-// @NAME@_reduce adds up.
+// w4a16_reduce.cu adds up.
 constexpr int GEMM_WARPS = 4;
 constexpr int BM = 64;                   // A rows (output columns) a block
 constexpr int BN = 16 * GEMM_WARPS;      // W rows (output features) a block
@@ -353,30 +354,3 @@ __device__ __forceinline__ void gemm(const T* __restrict__ a, const u8* __restri
 }
 
 }  // namespace w4
-
-extern "C" __global__ void __launch_bounds__(@GEMV_WARPS@ * 32)
-    @NAME@_gemv(const @T@* __restrict__ a, const unsigned char* __restrict__ b,
-                const @T@* __restrict__ scales, const unsigned char* __restrict__ zeros,
-                const @T@* __restrict__ bias, @T@* __restrict__ y, int m, int n, int k) {
-  w4::gemv<@T@, @BLOCK@, @GEMV_WARPS@>(a, b, scales, zeros, bias, y, m, n, k);
-}
-
-extern "C" __global__ void __launch_bounds__(w4::GEMM_WARPS * 32)
-    @NAME@_gemm(const @T@* __restrict__ a, const unsigned char* __restrict__ b,
-                const @T@* __restrict__ scales, const unsigned char* __restrict__ zeros,
-                const @T@* __restrict__ bias, @T@* __restrict__ y, float* __restrict__ partial,
-                int m, int n, int k) {
-  w4::gemm<@T@, @BLOCK@>(a, b, scales, zeros, bias, y, partial, m, n, k);
-}
-
-// Sum of the K splits' partial products, plus the bias, in @T@.
-extern "C" __global__ void __launch_bounds__(256)
-    @NAME@_reduce(const float* __restrict__ partial, const @T@* __restrict__ bias,
-                  @T@* __restrict__ y, int m, int n, int splits) {
-  const size_t count = (size_t)m * n;
-  for (size_t i = (size_t)blockIdx.x * 256 + threadIdx.x; i < count; i += (size_t)gridDim.x * 256) {
-    float sum = bias ? w4::Ty<@T@>::to_float(bias[i % n]) : 0.0f;
-    for (int s = 0; s < splits; ++s) sum += partial[(size_t)s * count + i];
-    y[i] = w4::Ty<@T@>::from_float(sum);
-  }
-}
