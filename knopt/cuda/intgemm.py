@@ -104,7 +104,11 @@ class IntGemmPlan:
         self.w_layout = self._layout(int8, k, n, k)
         self.a_layout = self._layout(int8, k, m, k)
         self.d_layout = self._layout(_D_TYPES[output], n, m, n)
-        self.algo, self.workspace = self._choose()
+        try:
+            self.algo, self.workspace = self._choose()
+        except CudaError:
+            self.close()
+            raise
 
     def _layout(self, dtype: int, rows: int, cols: int, ld: int) -> int:
         layout = _call("matrix_layout_create", lt.matrix_layout_create, dtype, rows, cols, ld)
