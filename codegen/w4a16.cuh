@@ -44,12 +44,10 @@ __device__ __forceinline__ u32 word(const uint4& v, int i) {
 template <typename T> struct Ty;
 
 // Magic-number conversion: OR-ing a 4-bit code into the mantissa of 1024.0 (fp16) or 128.0
-// (bf16) gives exactly 1024 + code (128 + code); subtracting 1024 + zero is exact too.
+// (bf16) gives exactly 1024 + code (128 + code); subtracting 1024 + zero, whose bits are MAGIC
+// + zero, is exact too.
 template <> struct Ty<__half> {
   static constexpr u32 MAGIC = 0x64006400u;
-  static constexpr float BASE = 1024.0f;
-  static __device__ __forceinline__ u32 pair(__half x) { return bits<u32>(__half2half2(x)); }
-  static __device__ __forceinline__ u32 pair(float x) { return pair(__float2half_rn(x)); }
   static __device__ __forceinline__ u32 sub_mul(u32 v, u32 zero, u32 scale) {
     const __half2 r = __hmul2(__hsub2(bits<__half2>(v), bits<__half2>(zero)), bits<__half2>(scale));
     return bits<u32>(r);
@@ -67,11 +65,6 @@ template <> struct Ty<__half> {
 
 template <> struct Ty<__nv_bfloat16> {
   static constexpr u32 MAGIC = 0x43004300u;
-  static constexpr float BASE = 128.0f;
-  static __device__ __forceinline__ u32 pair(__nv_bfloat16 x) {
-    return bits<u32>(__bfloat162bfloat162(x));
-  }
-  static __device__ __forceinline__ u32 pair(float x) { return pair(__float2bfloat16_rn(x)); }
   static __device__ __forceinline__ u32 sub_mul(u32 v, u32 zero, u32 scale) {
     const __nv_bfloat162 r = __hmul2(__hsub2(bits<__nv_bfloat162>(v), bits<__nv_bfloat162>(zero)), bits<__nv_bfloat162>(scale));
     return bits<u32>(r);
@@ -130,27 +123,31 @@ template <typename T, int BLOCK> struct Tile {
   }
 };
 
-// One lane's weights for one chunk: 32 codes of each of its two rows, with their scales and
-// zero points (as T pairs). A block of 16 meets two blocks in 32 codes, larger ones one.
+// One lane's weights for one chunk: 32 codes of each of its two rows, with the raw bits of their
+// scales and the bytes holding their zero points. Nothing loaded is used before `frags`, so a
+// load in flight never stalls the warp until its chunk is computed. A block of 16 meets two
+// blocks in 32 codes, larger ones one.
 template <typename T, int BLOCK> struct Chunk {
   static constexpr int SPL = BLOCK >= 32 ? 1 : 2;
   uint4 q[2];
-  u32 scale[2][SPL];
-  u32 zero[2][SPL];
+  u32 scale[2][SPL];  // the 16 bits of the scale
+  u32 zero[2][SPL];   // the byte holding the zero point (0x88 when there are none: 8)
+  u32 shift[SPL];     // where in that byte: 0 or 4
 
   __device__ __forceinline__ void load(const Tile<T, BLOCK>& tile, int k0) {
+#pragma unroll
+    for (int j = 0; j < SPL; ++j) shift[j] = (((k0 + 16 * j) / BLOCK) & 1) * 4;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const bool valid = tile.ok[h] && k0 < tile.kp;
       q[h] = valid ? __ldcs(reinterpret_cast<const uint4*>(tile.rows[h] + k0 / 2))
                    : make_uint4(0u, 0u, 0u, 0u);
+      const unsigned short* scale_bits = reinterpret_cast<const unsigned short*>(tile.scales[h]);
 #pragma unroll
       for (int j = 0; j < SPL; ++j) {
         const int blk = (k0 + 16 * j) / BLOCK;
-        int z = 8;
-        if (valid && tile.zeros[h]) z = (tile.zeros[h][blk >> 1] >> ((blk & 1) * 4)) & 15;
-        scale[h][j] = valid ? Ty<T>::pair(tile.scales[h][blk]) : 0u;
-        zero[h][j] = Ty<T>::pair(Ty<T>::BASE + (float)z);
+        scale[h][j] = valid ? (u32)__ldg(scale_bits + blk) : 0u;
+        zero[h][j] = valid && tile.zeros[h] ? (u32)__ldg(tile.zeros[h] + (blk >> 1)) : 0x88u;
       }
     }
   }
@@ -159,10 +156,15 @@ template <typename T, int BLOCK> struct Chunk {
   __device__ __forceinline__ void frags(int i, u32 a0[4], u32 a1[4]) const {
     const int j = SPL == 2 ? i >> 1 : 0;
     u32 p[4], r[4];
-    dequant<T>(word(q[0], i), zero[0][j], scale[0][j], p);
-    dequant<T>(word(q[1], i), zero[1][j], scale[1][j], r);
+    dequant<T>(word(q[0], i), zero_pair(0, j), scale[0][j] * 0x00010001u, p);
+    dequant<T>(word(q[1], i), zero_pair(1, j), scale[1][j] * 0x00010001u, r);
     a0[0] = p[0]; a0[1] = r[0]; a0[2] = p[1]; a0[3] = r[1];
     a1[0] = p[2]; a1[1] = r[2]; a1[2] = p[3]; a1[3] = r[3];
+  }
+
+  // {MAGIC + zero, MAGIC + zero}: the zero point plus 1024 (fp16) or 128 (bf16), in both halves.
+  __device__ __forceinline__ u32 zero_pair(int h, int j) const {
+    return (((zero[h][j] >> shift[j]) & 15u) * 0x00010001u) + Ty<T>::MAGIC;
   }
 };
 
@@ -182,8 +184,33 @@ __device__ __forceinline__ void store(const float acc[4], int row0, int col0, in
 }
 
 // ---- M <= 8: one 16-row tile a block, its K split over the block's warps ---------------
-// A (at most 8 rows) is the mma's 8-column operand straight from global memory (L2); lanes
-// whose column g is past M feed zeros. Each warp prefetches its next chunk before computing.
+// Bandwidth-bound: what matters is how many weight bytes are in flight (Little's law: about
+// 4 MB on an H200). Each warp keeps the loads of its next two chunks outstanding while it
+// computes one, in three register buffers whose roles rotate by unrolling (a copy between
+// buffers would wait for the load in flight), so 16 warps an SM have 32 KB of weights in
+// flight. A (at most 8 rows, an L2 hit) is the mma's 8-column operand, loaded from global
+// memory when its chunk is computed; lanes whose column g is past M feed zeros.
+template <typename T, int BLOCK>
+__device__ __forceinline__ void gemv_chunk(float acc[4], const Chunk<T, BLOCK>& w,
+                                           const T* __restrict__ arow, bool has_row, int k,
+                                           int k0) {
+  uint4 x[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int kk = k0 + 8 * i;
+    x[i] = (has_row && kk < k) ? __ldg(reinterpret_cast<const uint4*>(arow + kk))
+                               : make_uint4(0u, 0u, 0u, 0u);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    u32 a0[4], a1[4], b0[2], b1[2];
+    w.frags(i, a0, a1);
+    act_frags(x[i], b0, b1);
+    Ty<T>::mma(acc, a0, b0);
+    Ty<T>::mma(acc, a1, b1);
+  }
+}
+
 template <typename T, int BLOCK, int WARPS>
 __device__ __forceinline__ void gemv(const T* __restrict__ a, const u8* __restrict__ b,
                                      const T* __restrict__ scales, const u8* __restrict__ zeros,
@@ -196,37 +223,22 @@ __device__ __forceinline__ void gemv(const T* __restrict__ a, const u8* __restri
   const Tile<T, BLOCK> tile(b, scales, zeros, n, k, row0);
   const int chunks = (tile.kp + CHUNK - 1) / CHUNK;
   const T* arow = a + (size_t)(g < m ? g : 0) * k;
+  const bool has_row = g < m;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  Chunk<T, BLOCK> cur, next;
-  uint4 x[4], nx[4];
-  auto load_x = [&](uint4 v[4], int k0) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int kk = k0 + 8 * i;
-      v[i] = (g < m && kk < k) ? __ldg(reinterpret_cast<const uint4*>(arow + kk))
-                               : make_uint4(0u, 0u, 0u, 0u);
-    }
-  };
-  if (warp < chunks) {
-    cur.load(tile, warp * CHUNK + 32 * t);
-    load_x(x, warp * CHUNK + 32 * t);
-  }
-  for (int c = warp; c < chunks; c += WARPS) {
-    if (c + WARPS < chunks) {
-      next.load(tile, (c + WARPS) * CHUNK + 32 * t);
-      load_x(nx, (c + WARPS) * CHUNK + 32 * t);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      u32 a0[4], a1[4], b0[2], b1[2];
-      cur.frags(i, a0, a1);
-      act_frags(x[i], b0, b1);
-      Ty<T>::mma(acc, a0, b0);
-      Ty<T>::mma(acc, a1, b1);
-    }
-    cur = next;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) x[i] = nx[i];
+  Chunk<T, BLOCK> w0, w1, w2;
+  // Chunk c of this warp starts at k = c * CHUNK + 32 t for this lane.
+  auto start = [&](int c) { return c * CHUNK + 32 * t; };
+  if (warp < chunks) w0.load(tile, start(warp));
+  if (warp + WARPS < chunks) w1.load(tile, start(warp + WARPS));
+  for (int c = warp; c < chunks; c += 3 * WARPS) {
+    if (c + 2 * WARPS < chunks) w2.load(tile, start(c + 2 * WARPS));
+    gemv_chunk<T, BLOCK>(acc, w0, arow, has_row, k, start(c));
+    if (c + WARPS >= chunks) break;
+    if (c + 3 * WARPS < chunks) w0.load(tile, start(c + 3 * WARPS));
+    gemv_chunk<T, BLOCK>(acc, w1, arow, has_row, k, start(c + WARPS));
+    if (c + 2 * WARPS >= chunks) break;
+    if (c + 4 * WARPS < chunks) w1.load(tile, start(c + 4 * WARPS));
+    gemv_chunk<T, BLOCK>(acc, w2, arow, has_row, k, start(c + 2 * WARPS));
   }
 #pragma unroll
   for (int e = 0; e < 4; ++e) partial[warp][lane][e] = acc[e];
