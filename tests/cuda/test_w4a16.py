@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from knopt.cuda.w4a16 import GEMV_MAX_M, W4A16, W4A16Operands
+from knopt.cuda.w4a16 import BLOCK_SIZES, GEMV_MAX_M, W4A16, W4A16Operands
 from knopt.errors import CodegenError, CudaError
 from knopt.ir.dtype import DType
 from tests.cuda.quant import NUMPY, Device, random_nbits
@@ -28,10 +28,11 @@ def _nvrtc():
 
 
 def test_w4a16_kernels_compile_for_sm_90(tmp_path, monkeypatch) -> None:
-    # Two formats in one translation unit, as a program's kernels are compiled together.
+    # Every block size, both types, in one translation unit as a program's kernels are.
     nvrtc = _nvrtc()
     monkeypatch.setenv("KNOPT_CACHE_DIR", str(tmp_path))
-    formats = [W4A16(DType.F16, 16), W4A16(DType.BF16, 128)]
+    types = (DType.F16, DType.BF16)
+    formats = [W4A16(types[i % 2], block) for i, block in enumerate(BLOCK_SIZES)]
     cubin = nvrtc.compile_cubin("\n".join(f.source() for f in formats), "sm_90")
     assert cubin[:4] == b"\x7fELF"
     for name in (n for f in formats for n in f.kernel_names):
