@@ -49,8 +49,8 @@ template <typename T> struct Ty;
 template <> struct Ty<__half> {
   static constexpr u32 MAGIC = 0x64006400u;
   static __device__ __forceinline__ u32 sub_mul(u32 v, u32 zero, u32 scale) {
-    const __half2 r = __hmul2(__hsub2(bits<__half2>(v), bits<__half2>(zero)), bits<__half2>(scale));
-    return bits<u32>(r);
+    typedef __half2 T2;
+    return bits<u32>(__hmul2(__hsub2(bits<T2>(v), bits<T2>(zero)), bits<T2>(scale)));
   }
   static __device__ __forceinline__ void mma(float c[4], const u32 a[4], const u32 b[2]) {
     asm volatile(
@@ -66,8 +66,8 @@ template <> struct Ty<__half> {
 template <> struct Ty<__nv_bfloat16> {
   static constexpr u32 MAGIC = 0x43004300u;
   static __device__ __forceinline__ u32 sub_mul(u32 v, u32 zero, u32 scale) {
-    const __nv_bfloat162 r = __hmul2(__hsub2(bits<__nv_bfloat162>(v), bits<__nv_bfloat162>(zero)), bits<__nv_bfloat162>(scale));
-    return bits<u32>(r);
+    typedef __nv_bfloat162 T2;
+    return bits<u32>(__hmul2(__hsub2(bits<T2>(v), bits<T2>(zero)), bits<T2>(scale)));
   }
   static __device__ __forceinline__ void mma(float c[4], const u32 a[4], const u32 b[2]) {
     asm volatile(

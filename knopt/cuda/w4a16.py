@@ -1,4 +1,4 @@
-"""Weight-only int4 matrix products (W4A16) on the GPU: codegen/w4a16.cu and how to launch it.
+"""Weight-only int4 matrix products (W4A16) on the GPU: codegen/w4a16*.cu and how to launch them.
 
 `Y[M, N] = A[M, K] @ W[N, K]^T + bias` for float16 or bfloat16 A and a weight packed as
 onnxruntime's `com.microsoft.MatMulNBits` stores it (4-bit codes two a byte along K, blocked
