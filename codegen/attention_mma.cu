@@ -25,6 +25,9 @@
 //   chunk, splits       keys per split (a multiple of BLOCK_N) and the number of splits
 // Grid: (heads * ceil(s_len / BM), splits); 128 threads; dynamic shared memory as the generator
 // computes it. VEC_Q/K/V: that operand's columns are dense and its rows 16-byte aligned.
+// CAUSAL: the bias is a causal mask aligned to the last key (key <= row + t_len - s_len is
+// visible): it is computed from the indices, never read, and key tiles past a row tile's last
+// visible key are skipped.
 #include "attention.cuh"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "knopt's tensor-core attention needs sm_80 or newer"
@@ -49,6 +52,8 @@ extern "C" __global__ void __launch_bounds__(128) @NAME@(
   constexpr int D = @D@;
   constexpr int E = @E@;
   constexpr bool HAS_BIAS = @HAS_BIAS@;
+  constexpr bool CAUSAL = @CAUSAL@;
+  static_assert(!(HAS_BIAS && CAUSAL), "a causal mask is computed, not read");
   constexpr int DP = (D + 15) / 16 * 16;  // head sizes padded to whole mma steps with zeros
   constexpr int EP = (E + 15) / 16 * 16;
   constexpr int BM = 16 * WM;
@@ -74,11 +79,14 @@ extern "C" __global__ void __launch_bounds__(128) @NAME@(
   const int c2 = 2 * (lane & 3);  // the fragment column pair this lane holds
   const int m_tiles = (s_len + BM - 1) / BM;
   const idx_t head = (idx_t)(blockIdx.x / (unsigned)m_tiles);
-  const int m0 = (int)(blockIdx.x % (unsigned)m_tiles) * BM;
+  // Last row tile first: under a causal mask it has the most keys, so it should start early.
+  const int m0 = (m_tiles - 1 - (int)(blockIdx.x % (unsigned)m_tiles)) * BM;
   const int split = blockIdx.y;
+  const int diagonal = t_len - s_len;  // row r sees keys up to r + diagonal (CAUSAL)
   const int k_begin = split * chunk;
-  const int k_end = min(t_len, k_begin + chunk);
-  const int n_tiles = (k_end - k_begin + BN - 1) / BN;
+  const int k_end = CAUSAL ? min(min(t_len, k_begin + chunk), min(s_len, m0 + BM) + diagonal)
+                           : min(t_len, k_begin + chunk);
+  const int n_tiles = max(0, (k_end - k_begin + BN - 1) / BN);
   const idx_t qb = head_offset(head, n1, n2, q0, q1, q2);
   const idx_t kb = head_offset(head, n1, n2, k0, k1, k2);
   const idx_t vb = head_offset(head, n1, n2, v0, v1, v2);
@@ -157,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(128) @NAME@(
         if constexpr (HAS_BIAS) {
           if (row < s_len && key < k_end) x += kn::cvt<float>(bias[bb + row * bs + key * bt]);
         }
-        x = key < k_end ? x : -KN_INF_F;
+        x = (key < k_end && (!CAUSAL || key <= row + diagonal)) ? x : -KN_INF_F;
         sc[j][i] = x;
         top[r] = fmaxf(top[r], x);
       }

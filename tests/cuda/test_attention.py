@@ -39,7 +39,8 @@ class Case:
     broadcast over the group axis; "cache" k and v sliced from a longer [b, h, t + 37, d] cache.
     Masks: "none" (a zero constant), "padding" (the dtype's lowest value on random keys of each
     batch, broadcast over heads and rows), "causal" (-inf above the diagonal, aligned to the last
-    key), "masked_rows" (rows 0 and s // 2 all -inf: NaN, as the CPU oracle gives).
+    key), "causal_finite" (the dtype's lowest instead of -inf, as exporters write it),
+    "masked_rows" (rows 0 and s // 2 all -inf: NaN, as the CPU oracle gives).
     """
 
     dtype: DType
@@ -77,8 +78,9 @@ def _mask(case: Case, rng: np.random.Generator) -> np.ndarray:
         return np.where(keep, 0.0, lowest).astype(np.float32).reshape(shape)
     rows = np.arange(case.s)[:, None]
     keys = np.arange(case.t)[None, :]
-    if case.mask == "causal":
-        mask = np.where(keys > rows + (case.t - case.s), -np.inf, 0.0)
+    if case.mask in ("causal", "causal_finite"):
+        hidden = -np.inf if case.mask == "causal" else lowest
+        mask = np.where(keys > rows + (case.t - case.s), hidden, 0.0)
     else:
         assert case.mask == "masked_rows", case.mask
         mask = np.zeros((case.s, case.t))
@@ -146,11 +148,38 @@ def _launches(case: Case) -> list[Launch]:
     return [step for step in plan.steps if isinstance(step, Launch)]
 
 
+def _flag(launch: Launch, name: str) -> bool:
+    found = re.search(rf"constexpr bool {name} = (true|false);", launch.source)
+    assert found is not None, name
+    return found.group(1) == "true"
+
+
 def test_half_types_with_head_sizes_in_eights_run_on_tensor_cores() -> None:
     for dtype in (F16, BF16):
-        (launch,) = _launches(Case(dtype, 4, 16, 197, 197, 64, 64, "export", "causal"))
+        (launch,) = _launches(Case(dtype, 4, 16, 197, 197, 64, 64, "export", "padding"))
         assert launch.name.startswith("kn_attention_mma_")
-        assert "constexpr bool HAS_BIAS = true;" in launch.source
+        assert _flag(launch, "HAS_BIAS") and not _flag(launch, "CAUSAL")
+
+
+@pytest.mark.parametrize("mask", ["causal", "causal_finite"])
+def test_a_causal_mask_is_computed_not_read(mask: str) -> None:
+    for dtype, s, t in itertools.product((F16, BF16), (4, 70), (70, 300)):
+        launch = _launches(Case(dtype, 4, 16, s, t, 64, 64, "dense", mask))[0]
+        assert _flag(launch, "CAUSAL") and not _flag(launch, "HAS_BIAS"), (dtype, s, t)
+    # One query row aligned to the last key sees every key: no mask at all.
+    launch = _launches(Case(F16, 4, 16, 1, 70, 64, 64, "dense", mask))[0]
+    assert not _flag(launch, "CAUSAL") and not _flag(launch, "HAS_BIAS")
+
+
+def test_masks_that_are_not_causal_are_read() -> None:
+    # More queries than keys: the first rows see no key, which a finite mask would average.
+    for case in (
+        Case(F16, 4, 16, 70, 30, 64, 64, "dense", "causal_finite"),
+        Case(F16, 4, 16, 70, 70, 64, 64, "dense", "masked_rows"),
+        Case(F16, 4, 16, 70, 70, 64, 64, "gqa", "padding"),
+    ):
+        launch = _launches(case)[0]
+        assert _flag(launch, "HAS_BIAS") and not _flag(launch, "CAUSAL"), case
 
 
 def test_f32_and_odd_head_sizes_take_the_exact_kernel() -> None:
@@ -166,7 +195,7 @@ def test_heads_beyond_256_materialize_the_scores() -> None:
 
 def test_a_zero_bias_is_never_read() -> None:
     (launch,) = _launches(Case(F16, 2, 16, 64, 64, 64, 64, "dense", "none"))
-    assert "constexpr bool HAS_BIAS = false;" in launch.source
+    assert not _flag(launch, "HAS_BIAS") and not _flag(launch, "CAUSAL")
 
 
 def test_strided_columns_are_loaded_element_by_element() -> None:
@@ -262,15 +291,16 @@ def _nvrtc() -> ModuleType:
 
 def _variants(dtype: DType) -> list[str]:
     sources = []
-    for head, bias, rows in itertools.product(VARIANT_HEADS, (True, False), (1, 64)):
+    for head, bias, rows in itertools.product(VARIANT_HEADS, attention.BiasMode, (1, 64)):
         tiles = attention.mma_tiles(rows, head, head)
         sources.append(
             attention.mma_source(dtype, head, head, tiles, bias, (True, True, True), "int")[1]
         )
     # Element-wise loads, 64-bit indices, a value head unlike the key head, the merge kernel.
     tiles = attention.mma_tiles(64, 64, 64)
+    bias = attention.BiasMode.TENSOR
     sources.append(
-        attention.mma_source(dtype, 64, 24, tiles, True, (False, False, False), "long long")[1]
+        attention.mma_source(dtype, 64, 24, tiles, bias, (False, False, False), "long long")[1]
     )
     sources += [attention.combine_source(dtype, e, "int")[1] for e in (64, 128)]
     sources.append(attention.exact_source(dtype, 64, 64, 2, 64, True, "long long")[1])
@@ -344,6 +374,11 @@ SPECIAL_CASES = [
     Case(F16, 2, 8, 128, 128, 64, 64, "gqa", "causal"),
     Case(F16, 1, 8, 1, 2048, 128, 128, "gqa", "padding"),
     Case(BF16, 2, 8, 16, 300, 64, 64, "gqa", "padding"),
+    Case(F16, 1, 12, 300, 300, 64, 64, "export", "causal_finite"),
+    Case(BF16, 2, 4, 100, 250, 128, 128, "dense", "causal_finite"),  # more keys than queries
+    Case(F16, 2, 3, 100, 300, 64, 64, "dense", "causal"),  # split keys, tiles skipped
+    Case(F16, 1, 32, 4, 1000, 128, 128, "cache", "causal"),  # decode tiles, split keys
+    Case(F16, 2, 3, 50, 30, 64, 64, "dense", "causal"),  # rows without keys: read, NaN
     Case(F16, 2, 3, 64, 64, 64, 64, "dense", "masked_rows"),
     Case(BF16, 2, 3, 197, 197, 80, 80, "export", "masked_rows"),  # split keys, NaN rows
     Case(F16, 1, 32, 1, 1000, 128, 128, "cache", "masked_rows"),  # decode, every key -inf

@@ -7,13 +7,18 @@ kernel merges the parts (codegen/attention_combine.cu). Other float types and he
 256 take the exact kernel, which computes in f32 (codegen/attention.cu); everything else
 materializes the scores (GEMM, softmax, GEMM).
 
+A constant bias that is a causal mask (models export it as such a bias) is not read: the
+tensor-core kernel computes it from the indices and skips the key tiles it hides entirely.
+
 Kernel sources depend only on compile-time facts: dtype, head sizes, tile shape and flags
-(bias present, operands aligned for 16-byte copies). Sequence lengths, head counts and every
-stride are launch arguments (`Geometry`), so one compiled kernel serves every size.
+(bias read, causal, operands aligned for 16-byte copies). Sequence lengths, head counts and
+every stride are launch arguments (`Geometry`, `size_args`), so one compiled kernel serves every
+size; the tile shape (`mma_tiles`) and the key split (`split_keys`) are chosen per size.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,6 +109,49 @@ def geometry_of(layouts: tuple[Layout, ...]) -> Geometry | None:
     return Geometry(s, t, d, e, lead, full, tuple(lay.offset for lay in layouts))
 
 
+class BiasMode(enum.Enum):
+    """How a kernel treats the bias operand."""
+
+    NONE = "none"  # all zeros: never read
+    CAUSAL = "causal"  # a causal mask: computed from the indices, fully masked tiles skipped
+    TENSOR = "tensor"  # read element by element
+
+
+# A causal mask's hidden value may be finite (exporters write the dtype's lowest, -65504 in
+# f16): exp(score + m - row max) underflows to exactly 0 in f32 once it is below -104, which
+# holds for m <= -1e4 as long as every row's max score is above m + 104. A causal row always
+# sees its diagonal key, so that fails only for scores below about -9896.
+CAUSAL_HIDDEN = -1e4
+
+
+def bias_mode(ctx: LoweringContext, bias: int, g: Geometry) -> BiasMode:
+    """NONE or CAUSAL for a constant bias equal for every head that allows it, else TENSOR.
+
+    CAUSAL: 0 where key <= row + t - s, at most CAUSAL_HIDDEN elsewhere, and t >= s (so every
+    row sees a key: with a finite hidden value, a row that sees none would average them all).
+    """
+    layout = ctx.layout(bias)
+    data = ctx.constants.get(ctx.tensor(bias).buffer)
+    if data is None or any(g.strides[3][:3]):
+        return BiasMode.TENSOR
+    flat = np.ascontiguousarray(data).reshape(-1)
+    row_stride, col_stride = g.strides[3][3:]
+    if row_stride == col_stride == 0:  # one value for every score
+        return BiasMode.NONE if flat[layout.offset] == 0 else BiasMode.TENSOR
+    matrix = np.lib.stride_tricks.as_strided(
+        flat[layout.offset :],
+        (g.s, g.t),
+        (row_stride * flat.itemsize, col_stride * flat.itemsize),
+        writeable=False,
+    )
+    if np.all(matrix == 0):
+        return BiasMode.NONE
+    visible = np.arange(g.t)[None, :] <= np.arange(g.s)[:, None] + (g.t - g.s)
+    if g.t >= g.s and np.all(matrix[visible] == 0) and np.all(matrix[~visible] <= CAUSAL_HIDDEN):
+        return BiasMode.CAUSAL
+    return BiasMode.TENSOR
+
+
 @dataclass(frozen=True)
 class MmaTiles:
     """The tile shape of the tensor-core kernel: warps along rows and keys, keys per tile."""
@@ -160,11 +208,11 @@ def mma_source(
     d: int,
     e: int,
     tiles: MmaTiles,
-    has_bias: bool,
+    bias: BiasMode,
     vec: tuple[bool, ...],
     itype: str,
 ) -> tuple[str, str]:
-    """The (name, source) of a tensor-core attention kernel."""
+    """The (name, source) of a tensor-core attention kernel; `vec`: 16-byte rows of q, k, v."""
     source = render(
         "attention_mma.cu",
         NAME=PLACEHOLDER,
@@ -175,7 +223,8 @@ def mma_source(
         BLOCK_N=tiles.block_n,
         D=d,
         E=e,
-        HAS_BIAS=_bool(has_bias),
+        HAS_BIAS=_bool(bias is BiasMode.TENSOR),
+        CAUSAL=_bool(bias is BiasMode.CAUSAL),
         VEC_Q=_bool(vec[0]),
         VEC_K=_bool(vec[1]),
         VEC_V=_bool(vec[2]),
@@ -273,15 +322,6 @@ def _mma_heads(g: Geometry) -> bool:
     return all(0 < n <= MAX_HEAD and n % MMA_HEAD_MULTIPLE == 0 for n in (g.d, g.e))
 
 
-def _has_bias(ctx: LoweringContext, bias: int) -> bool:
-    """False when the bias is one zero (a constant read with all strides 0): no mask at all."""
-    layout = ctx.layout(bias)
-    data = ctx.constants.get(ctx.tensor(bias).buffer)
-    if data is None or any(layout.strides):
-        return True
-    return bool(np.asarray(data).reshape(-1)[layout.offset] != 0)
-
-
 def _tensor_args(kernel: Kernel) -> tuple[Arg, ...]:
     q, k, v, bias = kernel.inputs
     return (Buf(kernel.output), Buf(q), Buf(k), Buf(v), Buf(bias))
@@ -300,7 +340,7 @@ def _emit_mma(ctx: LoweringContext, kernel: Kernel, scale: float, g: Geometry) -
         g.d,
         g.e,
         tiles,
-        _has_bias(ctx, kernel.inputs[3]),
+        bias_mode(ctx, kernel.inputs[3], g),
         vec,
         itype,
     )
@@ -354,7 +394,7 @@ def _exact_launch(ctx: LoweringContext, kernel: Kernel, scale: float, g: Geometr
         g.e,
         rows_per_thread,
         block_n,
-        _has_bias(ctx, kernel.inputs[3]),
+        bias_mode(ctx, kernel.inputs[3], g) is not BiasMode.NONE,
         itype,
     )
     floats = (
