@@ -327,58 +327,59 @@ def _tensor_args(kernel: Kernel) -> tuple[Arg, ...]:
     return (Buf(kernel.output), Buf(q), Buf(k), Buf(v), Buf(bias))
 
 
-def _emit_mma(ctx: LoweringContext, kernel: Kernel, scale: float, g: Geometry) -> None:
-    tiles = mma_tiles(g.s, g.d, g.e)
-    dtype = ctx.dtype(kernel.inputs[0])
+@dataclass(frozen=True)
+class MmaGrid:
+    """The per-size launch shape of the tensor-core kernel.
+
+    Attributes:
+        blocks: Row tiles, heads * ceil(s / block_m) (the grid's x).
+        splits: Key ranges (the grid's y); the combine kernel runs when there are several.
+        chunk: Keys per range, whole tiles.
+        workspace: f32 elements of partial results (0 without a split).
+    """
+
+    blocks: int
+    splits: int
+    chunk: int
+    workspace: int
+
+
+def mma_grid(g: Geometry, tiles: MmaTiles) -> MmaGrid:
+    """How the tensor-core kernel covers `g`: row tiles, and key splits when they are few."""
     blocks = g.heads * -(-g.s // tiles.block_m)
     splits, per = split_keys(blocks, -(-g.t // tiles.block_n))
     workspace = splits * g.heads * g.s * (_pad16(g.e) + 2) if splits > 1 else 0
-    itype = index_type(2 * max(g.extent(), workspace))
+    return MmaGrid(blocks, splits, per * tiles.block_n, workspace)
+
+
+def _emit_mma(ctx: LoweringContext, kernel: Kernel, scale: float, g: Geometry) -> None:
+    tiles = mma_tiles(g.s, g.d, g.e)
+    grid = mma_grid(g, tiles)
+    dtype = ctx.dtype(kernel.inputs[0])
+    itype = index_type(2 * max(g.extent(), grid.workspace))
     vec = tuple(is_vec(ctx.layout(x)) for x in kernel.inputs[:3])
-    name, source = mma_source(
-        dtype,
-        g.d,
-        g.e,
-        tiles,
-        bias_mode(ctx, kernel.inputs[3], g),
-        vec,
-        itype,
-    )
-    sizes = size_args(g, scale, itype)
+    bias = bias_mode(ctx, kernel.inputs[3], g)
+    name, source = mma_source(dtype, g.d, g.e, tiles, bias, vec, itype)
     # With one split the kernel writes `out` itself and never reads its workspace argument.
-    ws = ctx.new_tensor((workspace,), DType.F32) if splits > 1 else kernel.output
-    tail = (np.int32(g.heads), np.int32(per * tiles.block_n), np.int32(splits))
-    ctx.emit(
-        Launch(
-            name,
-            source,
-            (blocks, splits, 1),
-            (THREADS, 1, 1),
-            (*_tensor_args(kernel), Buf(ws), *sizes, *tail),
-            shared=mma_shared_bytes(tiles, g.d, g.e),
-        )
-    )
-    if splits > 1:
+    ws = ctx.new_tensor((grid.workspace,), DType.F32) if grid.splits > 1 else kernel.output
+    tail = (np.int32(g.heads), np.int32(grid.chunk), np.int32(grid.splits))
+    args = (*_tensor_args(kernel), Buf(ws), *size_args(g, scale, itype), *tail)
+    shared = mma_shared_bytes(tiles, g.d, g.e)
+    ctx.emit(Launch(name, source, (grid.blocks, grid.splits, 1), (THREADS, 1, 1), args, shared))
+    if grid.splits > 1:
         name, source = combine_source(dtype, g.e, itype)
-        out_strides = tuple(_index(itype)(st) for st in g.strides[-1])
-        ctx.emit(
-            Launch(
-                name,
-                source,
-                (-(-g.heads * g.s * g.e // COMBINE_THREADS), 1, 1),
-                (COMBINE_THREADS, 1, 1),
-                (
-                    Buf(kernel.output),
-                    Buf(ws),
-                    np.int32(g.s),
-                    np.int32(g.lead[1]),
-                    np.int32(g.lead[2]),
-                    *out_strides,
-                    np.int32(g.heads),
-                    np.int32(splits),
-                ),
-            )
+        index = _index(itype)
+        args = (
+            Buf(kernel.output),
+            Buf(ws),
+            *(np.int32(n) for n in (g.s, g.lead[1], g.lead[2])),
+            *(index(st) for st in g.strides[-1]),
+            np.int32(g.heads),
+            np.int32(grid.splits),
         )
+        threads = (COMBINE_THREADS, 1, 1)
+        blocks = -(-g.heads * g.s * g.e // COMBINE_THREADS)
+        ctx.emit(Launch(name, source, (blocks, 1, 1), threads, args))
 
 
 def _exact_launch(ctx: LoweringContext, kernel: Kernel, scale: float, g: Geometry) -> Launch:
