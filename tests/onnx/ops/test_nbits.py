@@ -7,6 +7,7 @@ always a multiple of the block size (the padded tail of the last block must be i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -17,7 +18,7 @@ import knopt
 from knopt.errors import UnsupportedModelError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
-from knopt.onnx.backend import KnoptBackend
+from knopt.onnx_backend import KnoptBackend
 from tests.oracle import run_onnxruntime
 
 MS = "com.microsoft"
@@ -57,7 +58,12 @@ def _model(case: Case, rng: np.random.Generator, g_idx: bool = False) -> onnx.Mo
     names = ["A", *(name if array is not None else "" for name, array in constants.items())]
     while not names[-1]:
         names.pop()
-    attributes = {"K": case.k, "N": case.n, "bits": case.bits, "block_size": case.block}
+    attributes: dict[str, Any] = {
+        "K": case.k,
+        "N": case.n,
+        "bits": case.bits,
+        "block_size": case.block,
+    }
     if case.accuracy_level:
         attributes["accuracy_level"] = case.accuracy_level
     node = helper.make_node("MatMulNBits", names, ["Y"], domain=MS, **attributes)

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from knopt.onnx.backend import KnoptBackend
+from knopt.onnx_backend import KnoptBackend
 from tests.onnx.ops.node_models import assert_matches, node_model
 
 
