@@ -1,4 +1,7 @@
-"""`--explain`: which original nodes each chosen node covers, and the report as text."""
+"""`--explain`: which original nodes each chosen node covers, and the report as text or HTML.
+
+`to_html` (from `knopt.opt.report_html`) renders the report as one self-contained page.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ from typing import TYPE_CHECKING
 
 from knopt.ir.graph import Graph
 from knopt.ir.op import Input
+from knopt.opt.report_html import to_html as to_html
+from knopt.opt.rules import FACT_RULESETS
 from knopt.opt.serialized import ENode
 
 if TYPE_CHECKING:
@@ -54,11 +59,7 @@ def format_report(report: OptimizeReport) -> str:
     ]
     if report.user_rules:
         lines.append(f"  user rule files: {', '.join(report.user_rules)}")
-    facts = {
-        k: v
-        for k, v in report.rules_fired.items()
-        if report.rulesets.get(k) in ("analysis", "fold")
-    }
+    facts = {k: v for k, v in report.rules_fired.items() if report.rulesets.get(k) in FACT_RULESETS}
     rewrites = {k: v for k, v in report.rules_fired.items() if k not in facts}
     lines.append(
         f"rewrite rules that fired (matches; {sum(facts.values())} more matches of "

@@ -53,6 +53,7 @@ class OptimizeReport:
     ilp_status: str = ""
     profile: str = "cpu"
     user_rules: list[str] = field(default_factory=list)
+    costs_before: dict[str, float] = field(default_factory=dict)  # original node name -> seconds
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON-ready data."""
@@ -74,6 +75,7 @@ class OptimizeReport:
             "ilp_status": self.ilp_status,
             "profile": self.profile,
             "user_rules": self.user_rules,
+            "costs_before": self.costs_before,
         }
 
 
@@ -85,6 +87,7 @@ class OptimizeResult:
         graph: The optimized IR graph (fused kernels written out as their ops).
         program: The same computation as kernels, as extraction grouped them.
         report: What optimization did.
+        original: The graph that was optimized (for reports that show it beside the program).
     """
 
     graph: Graph
@@ -92,6 +95,7 @@ class OptimizeResult:
     report: OptimizeReport
     groups: dict[int, int] = field(default_factory=dict)  # fused graph node id -> kernel key
     group_kinds: dict[int, str] = field(default_factory=dict)  # kernel key -> kernel kind
+    original: Graph | None = field(default=None, repr=False)
 
     def save(self, path: str | Path | None = None, *, kernels: bool = True, opset: int = 18) -> Any:
         """Save as ONNX: with fused kernels as `knopt` functions, or (kernels=False) flat.
@@ -207,6 +211,7 @@ def optimize(
         ilp_status=f"{algebra.extraction.ilp_status}; {kernels.extraction.ilp_status}",
         profile=device.name,
         user_rules=[r.name for r in extra],
+        costs_before=_costs_before(graph, algebra.saturation.ir_nodes, unfolded),
     )
     choice, rebuilt, model = kernels.extraction.choice, kernels.rebuilt, kernels.model
     program = _program(rebuilt, choice, model, names)
@@ -218,7 +223,7 @@ def optimize(
     ]
     report.seconds = time.perf_counter() - start
     kinds = {key: _kernel_kind(choice[key]) for key in set(rebuilt.kernel_of.values())}
-    return OptimizeResult(optimized, program, report, dict(rebuilt.kernel_of), kinds)
+    return OptimizeResult(optimized, program, report, dict(rebuilt.kernel_of), kinds, graph)
 
 
 @contextmanager
@@ -253,6 +258,17 @@ def _origins(graph: Graph, phase: _Phase) -> dict[int, list[str]]:
         cls = rebuilt.kernel_of.get(id(node), rebuilt.class_of.get(id(node)))
         if cls is not None:
             found[id(node)] = per_class.get(cls, [])
+    return found
+
+
+def _costs_before(
+    graph: Graph, ir_nodes: Sequence[tuple[int, ENode]], model: CostModel
+) -> dict[str, float]:
+    """The estimated seconds of each original node name (summed over its IR nodes)."""
+    found: dict[str, float] = {}
+    for node, (cls, enode) in zip(graph.nodes, ir_nodes, strict=True):
+        name = node.name or node.op.name
+        found[name] = found.get(name, 0.0) + model.node_cost(cls, enode)
     return found
 
 
