@@ -2,9 +2,10 @@
 
 `report_data` gathers what the page shows (both graphs, which original nodes each kernel
 covers, the rules that fired, the recognised patterns, costs and phase timings) as JSON-ready
-data; `to_html` inlines that data, the page's script and style, and the graph layout library
-(dagre, vendored in `knopt/web/` with its license) into one HTML file that needs no network.
-The browser lays the graphs out in a worker thread, so a large graph never freezes the page.
+data; `html_page` inlines that data, the page's script and style, and the graph layout library
+(dagre, vendored in `knopt/web/` with its license) into one HTML file that needs no network;
+`to_html` does both. The browser lays the graphs out in a worker thread, slice by slice, so a
+large graph never freezes the page.
 """
 
 from __future__ import annotations
@@ -62,7 +63,11 @@ def to_html(result: OptimizeResult, *, title: str | None = None) -> str:
     Raises:
         KnoptError: If `result` does not hold the graph it was optimized from.
     """
-    data = report_data(result, title=title)
+    return html_page(report_data(result, title=title))
+
+
+def html_page(data: dict[str, Any]) -> str:
+    """The page that shows `data` (as `report_data` makes it), with everything inlined."""
     web = resources.files("knopt") / "web"
     # No `<` inside a <script>: `</script>` or `<!--` in a node name would end it early.
     payload = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")

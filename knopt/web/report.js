@@ -67,6 +67,7 @@
       [`${s.seconds.toFixed(2)} s`, "optimization time"],
       [`${s.egraph_nodes.toLocaleString()}`, s.stopped_by ? `e-nodes (stopped by the ${esc(s.stopped_by)})` : "e-nodes (saturation ran to the end)"],
     ];
+    if (s.user_rules.length) cards.push([esc(s.user_rules.join(", ")), "user rule files"]);
     document.getElementById("summary").innerHTML = cards
       .map(([v, l]) => `<div class="c"><div class="v">${v}</div><div class="l">${l}</div></div>`)
       .join("");
@@ -460,7 +461,8 @@
       info.innerHTML = `${sw(k.kind)}<b>${esc(kernelTitle(sel.index))}</b> <span class="tag">${esc(kindName(k.kind))}</span> ` +
         `<code>${esc(k.type)}</code> · estimated ${us(k.before)} → <b>${us(k.cost)}</b>` +
         (k.detail.length ? ` · <code>${esc(k.detail.join("; "))}</code>` : "") +
-        `<br><span class="names">covers ${k.covers.length} original node${k.covers.length === 1 ? "" : "s"}: ${names(k.covers, 12)}</span>`;
+        `<br><span class="names">${k.covers.length ? `covers ${k.covers.length} original node${k.covers.length === 1 ? "" : "s"}: ${names(k.covers, 12)}` :
+          "no original node is attributed to it: the rewrites made it anew, and the nodes it replaced count with the kernels that read it"}</span>`;
     } else if (sel.side === "original" && !ORIGINAL.nodes[sel.index].kernels.length && ORIGINAL.nodes[sel.index].kind !== "input") {
       const n = ORIGINAL.nodes[sel.index];
       info.innerHTML = `${sw(n.kind)}<b>${esc(n.name)}</b> ${n.ops ? `<code>${esc(n.ops)}</code>` : ""} ` +
