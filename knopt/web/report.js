@@ -52,7 +52,8 @@
     const split = names.map((n) => n.split("/"));
     const shared = [];
     for (let i = 0; split.every((p) => i < p.length - 1 && p[i] === split[0][i]); i++) shared.push(split[0][i]);
-    return shared.filter(Boolean).slice(-3).join("/");
+    const path = shared.filter(Boolean).join("/");
+    return path.length > 44 ? "…" + path.slice(-43) : path;
   }
 
   // ---- summary and legend --------------------------------------------------------------
@@ -91,13 +92,14 @@
   // The worker's code: dagre's text, then these functions, run there and never here.
   function layoutWorker() {
     self.onmessage = function (event) {
-      layOutSlices(event.data, (slice) => self.postMessage(slice));
+      layOutSlices(event.data, (slice) => self.postMessage(slice), (next) => next());
     };
   }
 
   // Splits `job` ({sizes: [[w, h]...], edges: [[a, b]...]}) into slices and lays each out with
-  // dagre, calling `emit` with {nodes, xy, edges, points, width, height, last} per slice.
-  function layOutSlices(job, emit) {
+  // dagre, calling `emit` with {nodes, xy, edges, points, width, height, last} per slice and
+  // `then(f)` to go on to the next (at once in a worker, after a pause on the page's thread).
+  function layOutSlices(job, emit, then) {
     const n = job.sizes.length;
     // Nodes come in topological order except sources listed late (graph inputs): each goes
     // just before its first reader.
@@ -109,7 +111,7 @@
     const slices = Math.max(1, Math.round(n / SLICE));
     const sliceOf = new Int32Array(n);
     order.forEach((node, position) => { sliceOf[node] = Math.floor((position * slices) / n); });
-    for (let s = 0; s < slices; s++) {
+    const run = (s) => {
       const nodes = order.filter((i) => sliceOf[i] === s);
       const edges = job.edges.map((e, i) => i).filter((i) => sliceOf[job.edges[i][0]] === s && sliceOf[job.edges[i][1]] === s);
       // Past ~150 nodes, longest-path ranks several times faster than network-simplex, and
@@ -132,7 +134,9 @@
         height: g.graph().height,
         last: s === slices - 1,
       });
-    }
+      if (s + 1 < slices) then(() => run(s + 1));
+    };
+    run(0);
   }
 
   function layOut(job, emit, fail) {
@@ -147,10 +151,9 @@
       worker = null; // a browser may refuse workers on file:// pages: lay out here instead
     }
     if (!worker) {
-      setTimeout(() => {
-        const dagre = new Function(LAYOUT_LIBRARY + "\n;return dagre;")();
-        new Function("dagre", "SLICE", "return " + layOutSlices.toString())(dagre, SLICE)(job, emit);
-      }, 0);
+      const dagre = new Function(LAYOUT_LIBRARY + "\n;return dagre;")();
+      const here = new Function("dagre", "SLICE", "return " + layOutSlices.toString())(dagre, SLICE);
+      setTimeout(() => here(job, emit, (next) => setTimeout(next, 0)), 0);
       return;
     }
     worker.onmessage = (event) => {
@@ -520,11 +523,15 @@
     const before = {};
     const after = {};
     ORIGINAL.nodes.forEach((n) => { before[n.kind] = (before[n.kind] || 0) + n.cost; });
+    // Constants and what folds from them are not drawn; their share of the estimate was removed.
+    const drawn = ORIGINAL.nodes.reduce((sum, n) => sum + n.cost, 0);
+    before.removed = (before.removed || 0) + Math.max(0, DATA.summary.cost_before - drawn);
     PROGRAM.nodes.slice(0, PROGRAM.kernels).forEach((k) => { after[k.kind] = (after[k.kind] || 0) + k.cost; });
     const total = Math.max(DATA.summary.cost_before, DATA.summary.cost_after);
     const bar = (parts) => Object.keys(COLOURS).filter((k) => parts[k] > 0)
       .map((k) => `<span title="${esc(kindName(k))}: ${us(parts[k])}" style="width:${((100 * parts[k]) / total).toFixed(3)}%;background:${colour(k)}"></span>`).join("");
     document.getElementById("by-kind").innerHTML =
+      '<div class="note">Estimated time by kind of kernel (colours as in the graphs), then per kernel.</div>' +
       `<div class="kindrow"><span>before</span><div class="kindbar">${bar(before)}</div><span class="num">${us(DATA.summary.cost_before)}</span></div>` +
       `<div class="kindrow"><span>after</span><div class="kindbar">${bar(after)}</div><span class="num">${us(DATA.summary.cost_after)}</span></div>`;
   }
@@ -565,7 +572,7 @@
         const p = DATA.patterns[i];
         const names = p.covers.map((c) => shortName(ORIGINAL.nodes[c].name));
         const where = commonPath(p.covers.map((c) => ORIGINAL.nodes[c].name));
-        html += `<tr class="pattern" data-p="${i}"><td></td><td class="mono">${esc(clip(where, 40))}</td><td class="r">${us(p.cost)}</td>` +
+        html += `<tr class="pattern" data-p="${i}"><td></td><td class="mono">${esc(where)}</td><td class="r">${us(p.cost)}</td>` +
           `<td class="names">${esc(clip(names.join(", "), 90))}</td></tr>`;
       }
     }
@@ -581,7 +588,7 @@
   function drawPhases() {
     const phases = DATA.phases.slice();
     const rest = DATA.summary.seconds - phases.reduce((s, p) => s + p.seconds, 0);
-    if (rest > 0) phases.push({ name: "other: loading rules and the graph, rebuilding, reporting", seconds: rest, matches: 0 });
+    if (rest > 0) phases.push({ name: "other: loading rules and the graph, rebuilding", seconds: rest, matches: 0 });
     const top = Math.max(1e-9, ...phases.map((p) => p.seconds));
     const rows = phases.map((p) =>
       `<div class="lab mono" title="${esc(p.name)}">${esc(phaseLabel(p.name))}</div>` +
