@@ -77,6 +77,7 @@ def html_page(data: dict[str, Any]) -> str:
         STYLE=(web / "report.css").read_text(),
         DATA=payload,
         LAYOUT=(web / DAGRE).read_text(),
+        GRAPH_VIEW=(web / "graph_view.js").read_text(),
         SCRIPT=(web / "report.js").read_text(),
     )
 

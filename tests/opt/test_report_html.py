@@ -186,7 +186,7 @@ def test_a_name_cannot_end_the_script_early() -> None:
     g.current_name = "</script><!--<script>alert(1)</script>"
     g.output(g.unary(Unary.EXP, x), "y")
     page = to_html(knopt.optimize(g.build()))
-    assert page.count("</script>") == 3  # the data, the layout library and the page's script
+    assert page.count("</script>") == 4  # the data, the layout library and the page's two
     assert "<!--" not in page
 
 
