@@ -121,44 +121,64 @@
     show(sel, true);
   }
 
+  const HINT = "Hover or click a node: its kernel and the original nodes it covers light up on both sides. " +
+    "Scroll or drag to move, Ctrl + scroll to zoom, Esc to clear.";
+
+  // The info line under the graphs says what a selection is.
   function describe(sel, links) {
-    const info = document.getElementById("info");
-    if (!sel) {
-      info.innerHTML = '<span class="hint">Hover or click a node: its kernel and the original nodes it covers light up on both sides. Scroll or drag to move, Ctrl + scroll to zoom, Esc to clear.</span>';
-      return;
-    }
-    const names = (indices, n) => indices.slice(0, n).map((i) => esc(shortName(ORIGINAL.nodes[i].name))).join(", ") +
-      (indices.length > n ? ` and ${indices.length - n} more` : "");
-    const sw = (kind) => `<span class="swatch" style="background:${colour(kind)}"></span>`;
-    if (sel.side === "program" && PROGRAM.nodes[sel.index].covers) {
-      const k = PROGRAM.nodes[sel.index];
-      info.innerHTML = `${sw(k.kind)}<b>${esc(kernelTitle(sel.index))}</b> <span class="tag">${esc(kindName(k.kind))}</span> ` +
-        `<code>${esc(k.type)}</code> · estimated ${us(k.before)} → <b>${us(k.cost)}</b>` +
-        (k.detail.length ? ` · <code>${esc(k.detail.join("; "))}</code>` : "") +
-        `<br><span class="names">${k.covers.length ? `covers ${k.covers.length} original node${k.covers.length === 1 ? "" : "s"}: ${names(k.covers, 12)}` :
-          "no original node is attributed to it: the rewrites made it anew, and the nodes it replaced count with the kernels that read it"}</span>`;
-    } else if (sel.side === "original" && !ORIGINAL.nodes[sel.index].kernels.length && ORIGINAL.nodes[sel.index].kind !== "input") {
-      const n = ORIGINAL.nodes[sel.index];
-      info.innerHTML = `${sw(n.kind)}<b>${esc(n.name)}</b> ${n.ops ? `<code>${esc(n.ops)}</code>` : ""} ` +
-        `${n.type ? `<code>${esc(n.type)}</code>` : ""} · estimated ${us(n.cost)} before · ` +
-        `<span class="names">${n.kind === "view" ? "became a view (free: read through strides)" : n.kind === "output" ? "graph output" : "folded into a constant or simplified away"}</span>`;
-    } else if (sel.side === "original") {
-      const n = ORIGINAL.nodes[sel.index];
-      const kernels = n.kernels.map((k) => `${sw(PROGRAM.nodes[k].kind)}${esc(kernelTitle(k))}`).join(", ");
-      info.innerHTML = `${sw(n.kind)}<b>${esc(n.name)}</b> ${n.ops ? `<code>${esc(n.ops)}</code>` : ""} ` +
-        `${n.type ? `<code>${esc(n.type)}</code>` : ""}` + (n.kind === "input" ? " · graph input" : ` · estimated ${us(n.cost)} before`) +
-        (kernels ? `<br><span class="names">computed by ${kernels}</span>` : "");
-    } else if (sel.side === "program") {
-      info.innerHTML = `<b>${esc(PROGRAM.nodes[sel.index].name)}</b> · graph ${PROGRAM.nodes[sel.index].kind}`;
-    } else if (sel.pattern !== undefined) {
-      const p = DATA.patterns[sel.pattern];
-      info.innerHTML = `<b>${esc(p.op)}</b> (estimated ${us(p.cost)}) replaces ${p.covers.length} original nodes: ` +
-        `<span class="names">${names(p.covers, 12)}</span>`;
-    } else {
-      info.innerHTML = `“${esc(sel.search)}”: ${links.original.length} original node${links.original.length === 1 ? "" : "s"}, ` +
-        `${links.program.length} kernel${links.program.length === 1 ? "" : "s"}` +
-        (links.original.length ? `: <span class="names">${names(links.original, 10)}</span>` : "");
-    }
+    let html = `<span class="hint">${HINT}</span>`;
+    if (sel && sel.side === "program") html = describeKernel(sel.index);
+    else if (sel && sel.side === "original") html = describeNode(sel.index);
+    else if (sel && sel.pattern !== undefined) html = describePattern(DATA.patterns[sel.pattern]);
+    else if (sel) html = describeSearch(sel.search, links);
+    document.getElementById("info").innerHTML = html;
+  }
+
+  function swatch(kind) {
+    return `<span class="swatch" style="background:${colour(kind)}"></span>`;
+  }
+  function plural(count, word) {
+    return `${count} ${word}${count === 1 ? "" : "s"}`;
+  }
+  function originalNames(indices, shown) {
+    return indices.slice(0, shown).map((i) => esc(shortName(ORIGINAL.nodes[i].name))).join(", ") +
+      (indices.length > shown ? ` and ${indices.length - shown} more` : "");
+  }
+  function code(text) {
+    return text ? ` <code>${esc(text)}</code>` : "";
+  }
+
+  function describeKernel(j) {
+    const k = PROGRAM.nodes[j];
+    if (!k.covers) return `<b>${esc(k.name)}</b> · graph ${k.kind}`;
+    const covers = k.covers.length
+      ? `covers ${plural(k.covers.length, "original node")}: ${originalNames(k.covers, 12)}`
+      : "no original node is attributed to it: the rewrites made it anew, and the nodes it " +
+        "replaced count with the kernels that read it";
+    return `${swatch(k.kind)}<b>${esc(kernelTitle(j))}</b> <span class="tag">${esc(kindName(k.kind))}</span>` +
+      `${code(k.type)} · estimated ${us(k.before)} → <b>${us(k.cost)}</b>` +
+      (k.detail.length ? ` ·${code(k.detail.join("; "))}` : "") + `<br><span class="names">${covers}</span>`;
+  }
+
+  function describeNode(i) {
+    const n = ORIGINAL.nodes[i];
+    const head = `${swatch(n.kind)}<b>${esc(n.name)}</b>${code(n.ops)}${code(n.type)}`;
+    if (n.kind === "input") return `${head} · graph input`;
+    if (n.kind === "output") return `${head} · graph output`;
+    const fate = n.kernels.length
+      ? "computed by " + n.kernels.map((k) => `${swatch(PROGRAM.nodes[k].kind)}${esc(kernelTitle(k))}`).join(", ")
+      : n.kind === "view" ? "became a view (free: read through strides)" : "folded into a constant or simplified away";
+    return `${head} · estimated ${us(n.cost)} before<br><span class="names">${fate}</span>`;
+  }
+
+  function describePattern(p) {
+    return `<b>${esc(p.op)}</b> (estimated ${us(p.cost)}) replaces ${plural(p.covers.length, "original node")}: ` +
+      `<span class="names">${originalNames(p.covers, 12)}</span>`;
+  }
+
+  function describeSearch(text, links) {
+    return `“${esc(text)}”: ${plural(links.original.length, "original node")}, ${plural(links.program.length, "kernel")}` +
+      (links.original.length ? `: <span class="names">${originalNames(links.original, 10)}</span>` : "");
   }
 
   // ---- cost chart ----------------------------------------------------------------------
@@ -340,6 +360,7 @@
     document.querySelector("#pane-original .count").textContent = `${originalCount} nodes`;
     document.querySelector("#pane-program .count").textContent = `${PROGRAM.kernels} kernels`;
     hookCharts();
+    describe(null, null);
     let pending = 2;
     const finished = () => {
       pending -= 1;
