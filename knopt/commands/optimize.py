@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 import knopt
 from knopt.commands.common import parse_dims
+from knopt.errors import KnoptError
 from knopt.onnx.load import default_opset, load_model
 from knopt.opt.cost import PROFILES
 from knopt.opt.egraph import Limits
-from knopt.opt.explain import format_report
+from knopt.opt.explain import format_report, to_html
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -35,6 +37,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--explain", action="store_true", help="print what the optimizer did")
     parser.add_argument("--report-json", type=Path, help="write the report as JSON here")
+    parser.add_argument(
+        "--html",
+        type=Path,
+        metavar="PATH",
+        help="write the report as one self-contained HTML page here: the original graph beside "
+        "the kernels, the rules that fired, estimated costs and phase timings",
+    )
     parser.add_argument(
         "--device-profile",
         default="cpu",
@@ -78,6 +87,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Optimize, report and save."""
+    html_problem = _unwritable(args.html) if args.html else None
+    if html_problem and not args.output:
+        raise KnoptError(f"--html {args.html}: {html_problem}")
+    if html_problem:
+        # Say so at once, and still save the model: the user may want it more than the report.
+        print(
+            f"knopt optimize: warning: --html {args.html}: {html_problem}; the model will be "
+            "saved but not the report",
+            file=sys.stderr,
+        )
     model = load_model(args.model)
     graph = knopt.onnx.import_model(model, parse_dims(args.dims))
     result = knopt.optimize(
@@ -103,4 +122,32 @@ def run(args: argparse.Namespace) -> int:
     if report.stopped_by:
         summary += f"; saturation stopped by the {report.stopped_by}"
     print(summary + (f"; wrote {args.output}" if args.output else ""), file=sys.stderr)
+    if html_problem:
+        raise KnoptError(f"--html {args.html}: {html_problem}; the report was not written")
+    if args.html:
+        _write_html(args.html, to_html(result, title=args.model.name))
     return 0
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why `path` cannot be written (a folder, a missing or read-only folder), or None."""
+    folder = path.parent
+    if path.is_dir():
+        return "is a folder; give a file name"
+    if not folder.is_dir():
+        return f"folder {folder} does not exist"
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return "not writable; choose another path"
+    return None
+
+
+def _write_html(path: Path, page: str) -> None:
+    """Write the HTML report.
+
+    Raises:
+        KnoptError: If the file cannot be written.
+    """
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as err:
+        raise KnoptError(f"--html {path}: {err.strerror or err}") from err

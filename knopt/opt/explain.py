@@ -1,39 +1,13 @@
-"""`--explain`: which original nodes each chosen node covers, and the report as text."""
+"""`--explain`: which original nodes each chosen node covers, and the report as text or HTML.
+
+`to_html` (from `knopt.opt.report_html`) renders the report as one self-contained page.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from knopt.ir.graph import Graph
-from knopt.ir.op import Input
 from knopt.opt.report import OptimizeReport
-from knopt.opt.serialized import ENode
-
-
-def attribute(
-    graph: Graph, ir_nodes: Sequence[tuple[int, ENode]], choice: dict[int, ENode]
-) -> dict[int, list[int]]:
-    """For each class the new program computes, the original nodes (indices) it stands for.
-
-    An original node belongs to its own class when the program computes that class; otherwise
-    to the class of the first reader downstream (in the original graph) that it computes.
-    """
-    index = {node: i for i, node in enumerate(graph.nodes)}
-    owner: dict[int, int] = {}  # original node index -> class that accounts for it
-    for i in range(len(graph.nodes) - 1, -1, -1):
-        cls, _ = ir_nodes[i]
-        if isinstance(graph.nodes[i].op, Input):
-            continue
-        if cls in choice:
-            owner[i] = cls
-            continue
-        readers = [owner[index[u]] for u in graph.nodes[i].output.users() if index[u] in owner]
-        if readers:
-            owner[i] = readers[0]
-    found: dict[int, list[int]] = {}
-    for i, cls in sorted(owner.items()):
-        found.setdefault(cls, []).append(i)
-    return found
+from knopt.opt.report_html import to_html as to_html
+from knopt.opt.rules import FACT_RULESETS
 
 
 def format_report(report: OptimizeReport) -> str:
@@ -49,11 +23,7 @@ def format_report(report: OptimizeReport) -> str:
     ]
     if report.user_rules:
         lines.append(f"  user rule files: {', '.join(report.user_rules)}")
-    facts = {
-        k: v
-        for k, v in report.rules_fired.items()
-        if report.rulesets.get(k) in ("analysis", "fold")
-    }
+    facts = {k: v for k, v in report.rules_fired.items() if report.rulesets.get(k) in FACT_RULESETS}
     rewrites = {k: v for k, v in report.rules_fired.items() if k not in facts}
     lines.append(
         f"rewrite rules that fired (matches; {sum(facts.values())} more matches of "

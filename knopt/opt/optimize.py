@@ -16,10 +16,9 @@ from knopt.ir.program import Program, program_from_graph
 from knopt.ir.validate import validate
 from knopt.opt.cost import CostModel, DeviceProfile, find_profile
 from knopt.opt.egraph import DEFAULT_LIMITS, Limits, Phase, Saturation, saturate
-from knopt.opt.explain import attribute
 from knopt.opt.extract import Extraction, extract
 from knopt.opt.rebuild import Rebuilt, rebuild_graph
-from knopt.opt.report import OptimizeReport, Pattern
+from knopt.opt.report import OptimizeReport, Pattern, attribute
 from knopt.opt.rules import RuleFile, read_rule_file, rulesets_of, shipped_rule_files
 from knopt.opt.serialized import ENode
 
@@ -32,6 +31,7 @@ class OptimizeResult:
         graph: The optimized IR graph (fused kernels written out as their ops).
         program: The same computation as kernels, as extraction grouped them.
         report: What optimization did.
+        original: The graph that was optimized (for reports that show it beside the program).
     """
 
     graph: Graph
@@ -39,6 +39,7 @@ class OptimizeResult:
     report: OptimizeReport
     groups: dict[Node, int] = field(default_factory=dict)  # fused graph node -> kernel key
     group_kinds: dict[int, str] = field(default_factory=dict)  # kernel key -> kernel kind
+    original: Graph | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -140,6 +141,7 @@ def optimize(
         ilp_status=f"{algebra.extraction.ilp_status}; {kernels.extraction.ilp_status}",
         profile=device.name,
         user_rules=[r.name for r in extra],
+        costs_before=_costs_before(graph, algebra.saturation.ir_nodes, unfolded),
     )
     choice, rebuilt, model = kernels.extraction.choice, kernels.rebuilt, kernels.model
     program = _program(rebuilt, choice, model, names)
@@ -151,7 +153,7 @@ def optimize(
     ]
     report.seconds = time.perf_counter() - start
     kinds = {key: _kernel_kind(choice[key]) for key in set(rebuilt.kernel_of.values())}
-    return OptimizeResult(optimized, program, report, dict(rebuilt.kernel_of), kinds)
+    return OptimizeResult(optimized, program, report, dict(rebuilt.kernel_of), kinds, graph)
 
 
 @contextmanager
@@ -186,6 +188,17 @@ def _origins(graph: Graph, phase: _Phase) -> dict[Node, list[str]]:
         cls = rebuilt.kernel_of.get(node, rebuilt.class_of.get(node))
         if cls is not None:
             found[node] = per_class.get(cls, [])
+    return found
+
+
+def _costs_before(
+    graph: Graph, ir_nodes: Sequence[tuple[int, ENode]], model: CostModel
+) -> dict[str, float]:
+    """The estimated seconds of each original node name (summed over its IR nodes)."""
+    found: dict[str, float] = {}
+    for node, (cls, enode) in zip(graph.nodes, ir_nodes, strict=True):
+        name = node.name or node.op.name
+        found[name] = found.get(name, 0.0) + model.node_cost(cls, enode)
     return found
 
 

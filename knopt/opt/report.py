@@ -1,9 +1,14 @@
-"""What optimization did: rules fired, costs, kernels, recognised patterns (`--report-json`)."""
+"""What optimization did (`--report-json`), and which original nodes each chosen node covers."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from knopt.ir.graph import Graph
+from knopt.ir.op import Input
+from knopt.opt.serialized import ENode
 
 
 @dataclass
@@ -36,6 +41,7 @@ class OptimizeReport:
     ilp_status: str = ""
     profile: str = "cpu"
     user_rules: list[str] = field(default_factory=list)
+    costs_before: dict[str, float] = field(default_factory=dict)  # original node name -> seconds
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON-ready data."""
@@ -57,4 +63,31 @@ class OptimizeReport:
             "ilp_status": self.ilp_status,
             "profile": self.profile,
             "user_rules": self.user_rules,
+            "costs_before": self.costs_before,
         }
+
+
+def attribute(
+    graph: Graph, ir_nodes: Sequence[tuple[int, ENode]], choice: dict[int, ENode]
+) -> dict[int, list[int]]:
+    """For each class the new program computes, the original nodes (indices) it stands for.
+
+    An original node belongs to its own class when the program computes that class; otherwise
+    to the class of the first reader downstream (in the original graph) that it computes.
+    """
+    index = {node: i for i, node in enumerate(graph.nodes)}
+    owner: dict[int, int] = {}  # original node index -> class that accounts for it
+    for i in range(len(graph.nodes) - 1, -1, -1):
+        cls, _ = ir_nodes[i]
+        if isinstance(graph.nodes[i].op, Input):
+            continue
+        if cls in choice:
+            owner[i] = cls
+            continue
+        readers = [owner[index[u]] for u in graph.nodes[i].output.users() if index[u] in owner]
+        if readers:
+            owner[i] = readers[0]
+    found: dict[int, list[int]] = {}
+    for i, cls in sorted(owner.items()):
+        found.setdefault(cls, []).append(i)
+    return found

@@ -32,6 +32,9 @@ RULE_FILES = (
     "fusion.egg",
 )
 SCHEDULE_FILE = "schedule.egg"
+# Rulesets whose rules add facts (types, folded values) rather than rewrite: reports count
+# their matches apart from the rewrites.
+FACT_RULESETS = frozenset({"analysis", "fold"})
 
 # Commands a rule file may not contain: rule files declare, the schedule runs.
 _FORBIDDEN = {
