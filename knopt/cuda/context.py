@@ -15,7 +15,7 @@ from knopt.cuda.layout import Layout
 from knopt.cuda.steps import Step
 from knopt.ir.dtype import DType
 
-REGIONS = ("constant", "input", "output", "arena")
+REGIONS = ("constant", "input", "output", "arena", "resident")
 
 
 @dataclass
@@ -39,7 +39,8 @@ class Buffer:
 
     Attributes:
         region: "constant" and "input" are filled before a run, "output" holds results until
-            the next run, and "arena" buffers share memory when their lifetimes do not overlap.
+            the next run, "arena" buffers share memory when their lifetimes do not overlap,
+            and "resident" buffers (key/value caches) outlive runs at offsets fixed in advance.
         offset: Bytes from the start of the region (set by the planner).
         first: The first step that touches the buffer (arena buffers).
         last: The last step that touches it.

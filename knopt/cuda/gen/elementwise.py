@@ -81,7 +81,7 @@ def elementwise_launch(
     dims, merged = merge_axes(shape, [target.layout.strides, *in_strides])
     strides = merged[1:]
     items = [target.dtype.itemsize] + [ctx.dtype(inputs[i]).itemsize for i in used]
-    vec = _vector_width(dims, max(items), count)
+    vec = _vector_width(dims, max(items))
     extent = max(
         [count] + [abs(ctx.layout(inputs[i]).offset) + ctx.layout(inputs[i]).numel for i in used]
     )
@@ -136,12 +136,13 @@ def elementwise_launch(
     return Launch(name, source, (blocks(count // vec, THREADS), 1, 1), (THREADS, 1, 1), args)
 
 
-def _vector_width(dims: Sequence[int], itemsize: int, count: int) -> int:
+def _vector_width(dims: Sequence[int], itemsize: int) -> int:
     # Each thread handles `vec` elements along the last axis: 16-byte accesses for the widest
-    # type, as long as the last axis splits evenly and there is enough work to share.
+    # type, as long as the last axis splits evenly. The width depends on nothing else, so that
+    # a kernel keeps its shape at every size of a symbolic dimension (knopt.cuda.generic).
     if not dims:
         return 1
     vec = min(8, MAX_VECTOR_BYTES // itemsize)
-    while vec > 1 and (dims[-1] % vec or count < vec * 32):
+    while vec > 1 and dims[-1] % vec:
         vec //= 2
     return vec
