@@ -35,6 +35,7 @@ from knopt.kvcache import CacheLayout, CacheStep, cache_shape
 SIZES_KEPT = 32  # plans (with their CUDA graphs) kept per program
 PROGRAMS_KEPT = 8  # programs kept (a session that imports per size has one per size)
 PROBE_STEP = 8  # probes move sizes by multiples of 8, which keeps vector widths alike
+PROBES = 2  # probes observed for new kernel shapes (a size that cannot move in one may in another)
 
 
 class ProgramState:
@@ -89,8 +90,13 @@ class ProgramState:
         dims: SizeProfile,
         layout: CacheLayout | None,
     ) -> None:
-        """Make and compile the kernels of plans at `sizes` (skipping any that cannot plan)."""
+        """Make and compile the kernels of plans at `sizes` (skipping any that cannot plan).
+
+        Every plan (and probe) is observed before any template is made, so each template
+        lifts every literal seen to vary.
+        """
         library = self.runtime.library
+        plans = []
         for each in sizes:
             each_resident = resident
             if resident is not None and layout is not None:
@@ -102,6 +108,10 @@ class ProgramState:
             launches = [x for s in plan.steps for x in kernel_launches(s)]
             if any(library.tokenized(x).structure not in library.families for x in launches):
                 self._probe(plan, each, each_resident, dims, layout)
+            for launch in launches:
+                library.observe(launch)
+            plans.append(plan)
+        for plan in plans:
             self.runtime.templates(plan)
         self.runtime.compile_new()
 
@@ -121,6 +131,7 @@ class ProgramState:
         """
         library = self.runtime.library
         wanted = {library.tokenized(x).structure for s in plan.steps for x in kernel_launches(s)}
+        useful = 0
         for probe in probe_sizes(sizes, dims):
             probe_resident = resident
             if resident is not None and layout is not None:
@@ -134,7 +145,9 @@ class ProgramState:
                 continue
             for launch in launches:
                 library.observe(launch)
-            return
+            useful += 1
+            if useful == PROBES:
+                return
 
 
 def probe_sizes(sizes: Mapping[str, int], dims: SizeProfile) -> Iterator[dict[str, int]]:
@@ -162,28 +175,26 @@ def probe_sizes(sizes: Mapping[str, int], dims: SizeProfile) -> Iterator[dict[st
 def warm_sizes(sizes: Mapping[str, int], dims: SizeProfile) -> list[dict[str, int]]:
     """Sizes whose kernels to prepare before the first run: the kinds the profile allows.
 
-    Around the profile's opt sizes, each ranged size in turn takes its extremes, 1, and opt
-    plus 1, 2 and 4 (other vector widths); sizes the profile does not range keep `sizes`.
+    Kernels change shape where a size is 1 (an axis dropped), with its last bits (vector
+    widths of 1 to 8 elements) and at powers of two (threads per row). So every combination
+    of 1, opt, opt + 1, opt + 2 and opt + 4 of the ranged sizes, then each ranged size at
+    the powers of two of its range and its extremes with the others at opt. Sizes the profile
+    does not range keep their values from `sizes`.
     """
     base = {n: dims.ranges[n].opt if n in dims.ranges else v for n, v in sizes.items()}
+    ranged = [n for n in sizes if n in dims.ranges]
     found = [base]
-    for name in sizes:
-        allowed = dims.ranges.get(name)
-        if allowed is None:
-            continue
-        for value in (
-            allowed.min,
-            allowed.max,
-            1,
-            allowed.opt + 1,
-            allowed.opt + 2,
-            allowed.opt + 4,
-        ):
-            candidate = {**base, name: value}
-            if allowed.contains(value) and candidate not in found:
-                found.append(candidate)
-    for pick in (lambda r: r.min, lambda r: r.max):
-        candidate = {n: pick(dims.ranges[n]) if n in dims.ranges else v for n, v in base.items()}
+    combos: list[dict[str, int]] = [{}]
+    for name in ranged:
+        allowed, opt = dims.ranges[name], dims.ranges[name].opt
+        values = [v for v in (opt, 1, opt + 1, opt + 2, opt + 4) if allowed.contains(v)]
+        combos = [{**c, name: v} for c in combos for v in dict.fromkeys(values)]
+    for name in ranged:
+        allowed = dims.ranges[name]
+        powers = [2**k for k in range(allowed.max.bit_length()) if allowed.contains(2**k)]
+        combos += [{name: v} for v in (*powers, allowed.min, allowed.max)]
+    for combo in combos:
+        candidate = {**base, **combo}
         if candidate not in found:
             found.append(candidate)
     return found
