@@ -27,7 +27,7 @@ from knopt.errors import (
     SymbolicSizeError,
     UnsupportedModelError,
 )
-from knopt.ir.dims import SizeProfile
+from knopt.ir.dims import SizeProfile, SizeRange
 from knopt.ir.graph import Graph
 from knopt.onnx.export import DEFAULT_OPSET, save_onnx
 from knopt.onnx.export_kernels import save_kernels
@@ -104,7 +104,7 @@ def compile(
     precision: str = "f32",
     optimize: bool | None = None,
     profile: str | os.PathLike[str] | DeviceProfile | None = None,
-    dims: Mapping[str, int | tuple[int, int, int]] | None = None,
+    dims: Mapping[str, int | tuple[int, int, int] | SizeRange] | None = None,
     resident: Mapping[str, str] | None = None,
     cache_mask: str | None = None,
 ) -> Session:

@@ -63,8 +63,11 @@ def parse_range_text(text: str) -> tuple[str, SizeRange]:
     """
     name, _, value = text.partition("=")
     parts = value.split(":")
-    if not name or len(parts) not in (1, 3) or not all(p.isdigit() for p in parts):
-        raise InputError(f"--dims {text!r}: expected NAME=SIZE or NAME=MIN:OPT:MAX")
+    fixed_zero = len(parts) == 1 and parts[0].isdigit() and int(parts[0]) == 0
+    if not name or len(parts) not in (1, 3) or not all(p.isdigit() for p in parts) or fixed_zero:
+        raise InputError(
+            f"--dims {text!r}: expected NAME=SIZE (a positive size) or NAME=MIN:OPT:MAX"
+        )
     numbers = [int(p) for p in parts]
     spec: int | tuple[int, ...] = numbers[0] if len(numbers) == 1 else tuple(numbers)
     return name, parse_range(name, spec)

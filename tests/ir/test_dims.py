@@ -31,7 +31,9 @@ def test_command_line_ranges(text: str, expected: tuple[str, SizeRange]) -> None
     assert str(expected[1]) in text
 
 
-@pytest.mark.parametrize("text", ["seq", "seq=1:2", "seq=a", "=3", "seq=-1:2:3", "seq=5:2:9"])
+@pytest.mark.parametrize(
+    "text", ["seq", "seq=1:2", "seq=a", "=3", "seq=-1:2:3", "seq=5:2:9", "seq=0"]
+)
 def test_malformed_command_line_ranges_are_refused(text: str) -> None:
     with pytest.raises(InputError):
         parse_range_text(text)
