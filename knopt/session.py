@@ -178,6 +178,11 @@ class Session:
         """The model's output names, in order."""
         return self.graph.output_names
 
+    @property
+    def optimized(self) -> OptimizeResult | None:
+        """What the optimizer made of the model (made on first use), or None without it."""
+        return self._optimize(self.graph) if self.optimize else None
+
     def reset(self) -> None:
         """Forget the resident caches: the next run starts from empty ones."""
         if self._host_caches is not None:

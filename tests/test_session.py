@@ -120,7 +120,9 @@ def test_the_optimizer_runs_once_and_costs_at_the_profiles_opt(monkeypatch) -> N
     original = knopt.session.optimize_graph
 
     def counting(graph: Graph, **options: object) -> object:
-        calls.append(dict(options["sizes"]))  # type: ignore[arg-type]
+        sizes = options["sizes"]
+        assert isinstance(sizes, dict)
+        calls.append(dict(sizes))
         return original(graph, **options)  # type: ignore[arg-type]
 
     monkeypatch.setattr(knopt.session, "optimize_graph", counting)

@@ -123,13 +123,17 @@ class RuntimeStats:
 class Runtime:
     """What the plans of one program share on one GPU (see the module's docstring).
 
+    Args:
+        gpu: The GPU (a new one when not given).
+        lift: Size-generic kernels (see `KernelLibrary`).
+
     Raises:
         CudaError: If the GPU cannot be used.
     """
 
-    def __init__(self, gpu: Gpu | None = None) -> None:
+    def __init__(self, gpu: Gpu | None = None, lift: bool = True) -> None:
         self.gpu = gpu or Gpu()
-        self.library = KernelLibrary()
+        self.library = KernelLibrary(lift)
         self.kernels: dict[str, Any] = {}
         self.stats = RuntimeStats()
         self.pools = {name: Pool(self.gpu) for name in POOLS}

@@ -311,11 +311,16 @@ def generic_source(launch: Launch) -> str:
 class KernelLibrary:
     """The size-generic kernels of one program: families by structure, and their templates.
 
+    Args:
+        lift: False makes every literal a constant (a kernel per size, as without lifting):
+            the baseline the benchmarks compare size-generic kernels with.
+
     Attributes:
         made: Templates made so far, in order (the executor compiles the new ones).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, lift: bool = True) -> None:
+        self.lift = lift
         self.families: dict[str, Family] = {}
         self.made: list[Template] = []
         self._tokenized: dict[str, Tokenized] = {}
@@ -347,7 +352,7 @@ class KernelLibrary:
         for candidate in family.templates:
             if candidate.matches(instance):
                 return candidate, instance
-        made = make_template(instance, sorted(family.varying))
+        made = make_template(instance, sorted(family.varying) if self.lift else [])
         family.templates.append(made)
         self.made.append(made)
         return made, instance

@@ -41,12 +41,14 @@ PROBES = 2  # probes observed for new kernel shapes (a size that cannot move in 
 class ProgramState:
     """A program narrowed to the session's precision, its runtime and its plans by size."""
 
-    def __init__(self, program: Program, precision: str, gpu: Gpu, stats: Any) -> None:
+    def __init__(
+        self, program: Program, precision: str, gpu: Gpu, stats: Any, lift: bool = True
+    ) -> None:
         target = narrow_dtype(precision)
         self.stats = stats
         self.program = narrow_program(program, target) if target is not None else program
         self.precision = precision
-        self.runtime = Runtime(gpu)
+        self.runtime = Runtime(gpu, lift)
         self.executables: OrderedDict[Any, Executable] = OrderedDict()
         self.caches: DeviceCaches | None = None
         self.plans = 0
@@ -312,6 +314,11 @@ class DeviceCaches:
 class CudaRunner:
     """Runs graphs or Programs on the GPU, each optimized program prepared once for all sizes.
 
+    Args:
+        precision: "f32", "tf32", "fp16" or "bf16".
+        lift: Size-generic kernels; False compiles kernels for each size with every literal
+            a constant (a baseline for benchmarks).
+
     Attributes:
         dims: The session's size ranges (probes stay inside them).
         stats: Counts `bindings`, the sizes planned for a run (the session's stats).
@@ -320,9 +327,10 @@ class CudaRunner:
         KnoptError: If `precision` is unknown.
     """
 
-    def __init__(self, precision: str = "f32") -> None:
+    def __init__(self, precision: str = "f32", lift: bool = True) -> None:
         narrow_dtype(precision)
         self.precision = precision
+        self.lift = lift
         self.dims = SizeProfile({})
         self.stats: Any = _Count()
         self._gpu: Gpu | None = None
@@ -341,7 +349,7 @@ class CudaRunner:
         if found is None:
             program = source if isinstance(source, Program) else program_from_graph(source)
             found = self._states[source] = ProgramState(
-                program, self.precision, self.gpu, self.stats
+                program, self.precision, self.gpu, self.stats, self.lift
             )
             while len(self._states) > PROGRAMS_KEPT:
                 _, old = self._states.popitem(last=False)

@@ -168,7 +168,7 @@ def test_templates_give_back_every_fixture_kernel(name: str, precision: str) -> 
     assert any(t.lifted for t in library.made), "no literal depends on the sizes"
 
 
-def _nvrtc():  # type: ignore[no-untyped-def]
+def _nvrtc():
     pytest.importorskip("cuda.bindings.nvrtc")
     from knopt.cuda import nvrtc
 
