@@ -4,7 +4,7 @@
 // (`row_stride` elements a row): the row a decoding step's keys move to is read from device
 // memory, so one captured CUDA graph serves every step of a bucket.
 extern "C" __global__ void __launch_bounds__(256) @NAME@(
-    @T@* __restrict__ dst, const @T@* __restrict__ src, const int* __restrict__ pos,
+    @T@* dst, const @T@* src, const int* __restrict__ pos,
     const long long n0, const long long n1, const long long n2, const long long n3,
     const long long count,
     const long long s0, const long long s1, const long long s2, const long long s3,

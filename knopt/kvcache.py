@@ -162,12 +162,14 @@ class CacheStep:
         added: New positions the run appends (`S`).
         planned: The cached length the plan takes (`Pb >= P`; equal without a static cache).
         sizes: Every named size of the run as planned (`past` is `planned`).
+        actual: The named sizes of the inputs as given (`past` is `length`).
     """
 
     length: int
     added: int
     planned: int
     sizes: Mapping[str, int]
+    actual: Mapping[str, int]
 
 
 def cache_step(
@@ -194,6 +196,7 @@ def cache_step(
         raise InputError(f"no input gives the number of new positions ('{layout.new}')")
     added = sizes[layout.new]
     planned = layout.planned_length(length, added)
+    actual = {**sizes, layout.past: length}
     if layout.mask is not None:
         width = shapes[layout.mask][-1]
         if width != length + added:
@@ -205,7 +208,7 @@ def cache_step(
         if isinstance(mask_dim, Sym) and (symbol := mask_dim.as_symbol()) is not None:
             sizes[symbol] = planned + added
     sizes[layout.past] = planned
-    return CacheStep(length, added, planned, sizes)
+    return CacheStep(length, added, planned, sizes, actual)
 
 
 def decoding_steps(graph: Graph, layout: CacheLayout, step: CacheStep) -> list[CacheStep]:

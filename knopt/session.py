@@ -264,7 +264,7 @@ class Session:
             length = self._cuda.load_caches(self._program(), layout, self.graph, feeds)
         shapes = {n: _shape(v) for n, v in feeds.items() if n not in layout.inputs}
         step = cache_step(self.graph, layout, shapes, length)
-        self.dims.check({**step.sizes, layout.past: length})
+        self.dims.check(step.actual)
         run_feeds = {n: v for n, v in feeds.items() if n not in layout.inputs}
         if layout.mask is not None:
             run_feeds[layout.mask] = widen_cache_mask(feeds[layout.mask], step)

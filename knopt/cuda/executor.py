@@ -139,6 +139,7 @@ class Runtime:
         self.pools = {name: Pool(self.gpu) for name in POOLS}
         self.weights = 0
         self.resident = 0
+        self.resident_generation = 0  # the resident region moves when caches grow
         self._shared: dict[str, int] = {}
         self._blas: Any = None
         self._dnn: Any = None
@@ -232,8 +233,8 @@ class Runtime:
                 self.gpu.upload(self.weights + buffer.offset, data)
 
     def generations(self) -> tuple[int, ...]:
-        """The pools' generations (part of a captured graph's key)."""
-        return tuple(self.pools[name].generation for name in POOLS)
+        """The pools' and resident region's generations (part of a captured graph's key)."""
+        return (*(self.pools[name].generation for name in POOLS), self.resident_generation)
 
 
 def _canonical(step: Gemm | Conv) -> tuple[Gemm | Conv, dict[int, int]]:
