@@ -131,7 +131,7 @@ def compile(
         resident: Outputs kept after each run and fed back as the matching inputs of the next
             (a decoder's key/value caches: `{"present.0.key": "past_key_values.0.key"}`).
         cache_mask: With `resident`: the attention mask input, which makes the caches static
-            (see `knopt.kvcache`).
+            (see `knopt.ir.kvcache`).
 
     Raises:
         KnoptError: If loading fails or the device is not available.

@@ -22,7 +22,7 @@ from knopt.errors import InputError, KnoptError
 from knopt.ir.bind import bind_symbols, infer_sizes
 from knopt.ir.dims import SizeProfile
 from knopt.ir.graph import Graph
-from knopt.kvcache import (
+from knopt.ir.kvcache import (
     CacheLayout,
     CacheStep,
     HostCaches,
@@ -30,7 +30,7 @@ from knopt.kvcache import (
     decoding_steps,
     describe_cache,
 )
-from knopt.kvcache import widen_mask as widen_cache_mask
+from knopt.ir.kvcache import widen_mask as widen_cache_mask
 from knopt.onnx.load import import_model, input_sizes, input_symbols
 from knopt.opt.cost import DeviceProfile, find_profile
 from knopt.opt.optimize import OptimizeResult
@@ -91,10 +91,10 @@ class Session:
         dims: The range of symbolic sizes, by name: `(min, opt, max)` or an int that fixes
             the size. Runs outside the ranges are refused; sizes not named are free.
         resident: Outputs to keep after each run and feed back as inputs of the next, by
-            output name (`{"present.0.key": "past_key_values.0.key"}`): see `knopt.kvcache`.
+            output name (`{"present.0.key": "past_key_values.0.key"}`): see `knopt.ir.kvcache`.
         cache_mask: With `resident`, the attention mask input (1 = attend) that lets the caches
             be static: preallocated for the largest sizes of `dims`, with one plan serving a
-            bucket of cached lengths (see `knopt.kvcache`).
+            bucket of cached lengths (see `knopt.ir.kvcache`).
 
     Raises:
         KnoptError: If the device or precision is unknown, "cuda" has no usable GPU, or the
@@ -254,7 +254,7 @@ class Session:
     def _run_cached(
         self, wanted: list[str], feeds: Mapping[str, Any], device_outputs: bool
     ) -> list[Any]:
-        """A run that appends to the resident caches (`knopt.kvcache`)."""
+        """A run that appends to the resident caches (`knopt.ir.kvcache`)."""
         layout = self._cache
         assert layout is not None
         if self._host_caches is not None:

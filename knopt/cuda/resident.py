@@ -1,6 +1,6 @@
 """Resident key/value caches in a plan: buffers that outlive runs, appended to in place.
 
-A resident pair (see `knopt.kvcache`) is a cache input `past` and its grown output `present =
+A resident pair (see `knopt.ir.kvcache`) is a cache input `past` and its grown output `present =
 Concat(past, new)`. Both live in one buffer of the "resident" region, laid out for the cache's
 capacity (`rows` positions), so strides do not change with the cached length: `past` is the
 buffer's first `planned` rows, `present` its first `planned + added`. The Concat then writes

@@ -28,9 +28,9 @@ from knopt.errors import InputError, KnoptError
 from knopt.ir.bind import bind_program
 from knopt.ir.dims import SizeProfile
 from knopt.ir.graph import Graph
+from knopt.ir.kvcache import CacheLayout, CacheStep, cache_shape
 from knopt.ir.program import Program, program_from_graph
 from knopt.ir.shape import Sym
-from knopt.kvcache import CacheLayout, CacheStep, cache_shape
 
 SIZES_KEPT = 32  # plans (with their CUDA graphs) kept per program
 PROGRAMS_KEPT = 8  # programs kept (a session that imports per size has one per size)

@@ -8,7 +8,7 @@ import pytest
 import knopt
 from knopt.errors import InputError, KnoptError
 from knopt.ir.dims import SizeProfile
-from knopt.kvcache import BUCKET, CacheLayout, CacheSlot, cache_step, describe_cache, widen_mask
+from knopt.ir.kvcache import BUCKET, CacheLayout, CacheSlot, cache_step, describe_cache, widen_mask
 from tests.models import MODELS
 
 DECODER = MODELS.parent / "decoder" / "llama_kv_ts17.onnx"
