@@ -29,7 +29,7 @@ from knopt.cuda import nvrtc
 from knopt.cuda.driver import DEFAULT_SHARED_LIMIT, Gpu
 from knopt.cuda.generic import KernelLibrary, Template
 from knopt.cuda.planner import Plan
-from knopt.cuda.steps import Buf, Conv, Gemm, Launch, Step, describe_step
+from knopt.cuda.steps import Buf, Conv, Gemm, Launch, describe_step, kernel_launches
 from knopt.errors import CudaError, InputError
 from knopt.ir.shape import format_shape
 
@@ -71,16 +71,6 @@ class DeviceArray:
     def numpy(self) -> np.ndarray:
         """A host copy."""
         return self.gpu.download(self.address, np.empty(self.shape, self.dtype))
-
-
-def kernel_launches(step: Step) -> list[Launch]:
-    """The NVRTC launches a step may make (a library call's fallback and direct kernels)."""
-    if isinstance(step, Launch):
-        return [step]
-    found = [step.fallback] if step.fallback is not None else []
-    if isinstance(step, Conv) and step.direct is not None:
-        found.append(step.direct)
-    return found
 
 
 class Pool:
@@ -176,6 +166,7 @@ class Runtime:
                 self._shared[template.name] = launch.shared
 
     def _compile(self, templates: list[Template]) -> None:
+        templates = list({t.name: t for t in templates}.values())  # a name is its source's hash
         if not templates:
             return
         groups = [

@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 
 from knopt.cuda.driver import Gpu
-from knopt.cuda.executor import Executable, Runtime, kernel_launches
+from knopt.cuda.executor import Executable, Runtime
 from knopt.cuda.planner import Plan, align, build_plan
 from knopt.cuda.precision import narrow_dtype, narrow_program
 from knopt.cuda.resident import ResidentPlan, ResidentSlot
+from knopt.cuda.steps import kernel_launches
 from knopt.errors import InputError, KnoptError
 from knopt.ir.bind import bind_program
 from knopt.ir.dims import SizeProfile

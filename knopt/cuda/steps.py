@@ -134,6 +134,16 @@ def step_tensors(step: Step) -> list[int]:
     return found
 
 
+def kernel_launches(step: Step) -> list[Launch]:
+    """The NVRTC launches a step may make (a library call's fallback and direct kernels)."""
+    if isinstance(step, Launch):
+        return [step]
+    found = [step.fallback] if step.fallback is not None else []
+    if isinstance(step, Conv) and step.direct is not None:
+        found.append(step.direct)
+    return found
+
+
 def describe_step(step: Step) -> str:
     """One line naming a step, for plan dumps and error messages."""
     if isinstance(step, Launch):

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import knopt
-from knopt.cuda import nvrtc
 from tests.models import MODELS
 
 pytestmark = pytest.mark.cuda
@@ -31,6 +30,8 @@ def _bert_feeds(rng: np.random.Generator, batch: int, seq: int) -> dict[str, np.
 
 @pytest.mark.parametrize("precision", ["f32", "fp16"])
 def test_one_session_serves_every_size_like_the_cpu(precision: str) -> None:
+    from knopt.cuda import nvrtc
+
     rng = np.random.default_rng(0)
     session = knopt.compile(
         BERT, "cuda", precision=precision, dims={"batch": (1, 4, 8), "seq": (1, 12, 16)}
@@ -64,6 +65,8 @@ def _inputs(ids: np.ndarray, start: int, stop: int) -> dict[str, np.ndarray]:
 def test_decoding_on_the_gpu_equals_the_whole_sequence_on_the_cpu(
     name: str, precision: str, static: bool
 ) -> None:
+    from knopt.cuda import nvrtc
+
     rng = np.random.default_rng(1)
     batch, prompt, steps = 2, 5, 70 if static else 6
     ids = rng.integers(0, 64, (batch, prompt + steps)).astype(np.int64)

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import knopt
-from knopt.cuda.executor import kernel_launches
 from knopt.cuda.gen.indexing import PLACEHOLDER
 from knopt.cuda.generic import (
     KernelLibrary,
@@ -23,7 +22,7 @@ from knopt.cuda.generic import (
 )
 from knopt.cuda.planner import build_plan
 from knopt.cuda.precision import narrow_dtype, narrow_program
-from knopt.cuda.steps import Launch
+from knopt.cuda.steps import Launch, kernel_launches
 from knopt.errors import CodegenError, CudaError
 from knopt.ir.bind import bind_program
 from knopt.ir.program import Program, program_from_graph

@@ -14,6 +14,9 @@ import numpy as np
 import pytest
 
 import knopt
+
+pytest.importorskip("cuda.core", reason="the cuda runner needs cuda-python (not a GPU)")
+
 from knopt.cuda import nvrtc
 from knopt.cuda.runner import SIZES_KEPT, CudaRunner, probe_sizes, warm_sizes
 from knopt.ir.dims import SizeProfile
