@@ -223,6 +223,14 @@ class Runtime:
             if buffer.region == "constant":
                 self.gpu.upload(self.weights + buffer.offset, data)
 
+    def close(self) -> None:
+        """Free the memory the runtime holds (its plans' executables are closed first)."""
+        for address in (self.weights, self.resident, *(p.address for p in self.pools.values())):
+            if address:
+                self.gpu.release(address)
+        self.weights = self.resident = 0
+        self.pools = {name: Pool(self.gpu) for name in POOLS}
+
     def generations(self) -> tuple[int, ...]:
         """The pools' and resident region's generations (part of a captured graph's key)."""
         return (*(self.pools[name].generation for name in POOLS), self.resident_generation)

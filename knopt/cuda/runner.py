@@ -369,6 +369,7 @@ class CudaRunner:
                 _, old = self._states.popitem(last=False)
                 for executable in old.executables.values():
                     executable.close()
+                old.runtime.close()
         else:
             self._states.move_to_end(source)
         return found

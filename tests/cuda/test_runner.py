@@ -18,7 +18,8 @@ import knopt
 pytest.importorskip("cuda.core", reason="the cuda runner needs cuda-python (not a GPU)")
 
 from knopt.cuda import nvrtc
-from knopt.cuda.runner import SIZES_KEPT, CudaRunner, probe_sizes, warm_sizes
+from knopt.cuda.runner import PROGRAMS_KEPT, SIZES_KEPT, CudaRunner, probe_sizes, warm_sizes
+from knopt.ir.bind import bind_program
 from knopt.ir.dims import SizeProfile
 from knopt.ir.program import Program
 from knopt.opt.optimize import optimize
@@ -75,6 +76,20 @@ def test_plans_beyond_the_bound_are_forgotten_and_their_memory_freed(gpu: FakeGp
     pools = {p.address for p in state.runtime.pools.values()}
     resident = {state.runtime.weights, *pools} - {0}
     assert set(gpu.live) == inputs | resident
+
+
+def test_programs_beyond_the_bound_free_their_memory(gpu: FakeGpu) -> None:
+    runner = CudaRunner("f32")
+    program = _bert()
+    for batch in range(1, PROGRAMS_KEPT + 3):  # a program per size, as PerSizeSession makes
+        sized = bind_program(program, {"batch": batch, "seq": 4})
+        runner.run(sized, {}, _feeds(batch, 4))
+    held = set()
+    for state in runner._states.values():
+        held |= {e.inputs for e in state.executables.values()}
+        runtime = state.runtime
+        held |= {runtime.weights, *(p.address for p in runtime.pools.values())} - {0}
+    assert set(gpu.live) == held
 
 
 def test_probes_keep_sizes_of_one_and_move_together() -> None:
