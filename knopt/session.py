@@ -16,6 +16,7 @@ from knopt.ir.graph import Graph
 if TYPE_CHECKING:
     from onnx import ModelProto
 
+    from knopt.cache import ProgramCache
     from knopt.opt.cost import DeviceProfile
 
 DEVICES = ("cpu", "cuda", "best")
@@ -39,6 +40,8 @@ class Session:
         optimize: Optimize each bound graph first (default: on cuda only).
         profile: The cost model for optimizing: a built-in name, a `knopt calibrate` file or
             a `DeviceProfile` (default: "h200-graph" on cuda, "cpu" on cpu).
+        cache: A `knopt.cache.ProgramCache` or its folder: optimized programs are read from it
+            when present and written to it when made; on cuda it also holds NVRTC's cubins.
 
     Raises:
         KnoptError: If the device or precision is unknown, or "cuda" has no usable GPU.
@@ -52,10 +55,11 @@ class Session:
         precision: str = "f32",
         optimize: bool | None = None,
         profile: str | os.PathLike[str] | DeviceProfile | None = None,
+        cache: str | os.PathLike[str] | ProgramCache | None = None,
     ) -> None:
         self.graph = graph
         self._symbolic = bool(graph.symbols())
-        self._prepare(device, precision, optimize, profile)
+        self._prepare(device, precision, optimize, profile, cache)
 
     def _prepare(
         self,
@@ -63,6 +67,7 @@ class Session:
         precision: str,
         optimize: bool | None,
         profile: str | os.PathLike[str] | DeviceProfile | None,
+        cache: str | os.PathLike[str] | ProgramCache | None = None,
     ) -> None:
         """Set up the device, the caches and the optimizer options (everything but the graph)."""
         if device not in DEVICES:
@@ -96,6 +101,11 @@ class Session:
             from knopt.opt.cost import find_profile
 
             self.profile = find_profile(self.profile)  # a bad name or file fails here, not later
+        self.cache: ProgramCache | None = None
+        if cache is not None:
+            from knopt.cache import open_cache
+
+            self.cache = open_cache(cache, device)
 
     @property
     def input_names(self) -> list[str]:
@@ -156,10 +166,17 @@ class Session:
     def _optimize(self, graph: Graph) -> Any:
         """The optimized form of a bound graph, made once (the device's cost model)."""
         if id(graph) not in self._optimized:
+            from knopt.opt.cost import find_profile
             from knopt.opt.optimize import optimize
 
+            if self.cache is not None:
+                result = self.cache.optimize(
+                    graph, find_profile(self.profile), device=self.device, precision=self.precision
+                )
+            else:
+                result = optimize(graph, profile=self.profile)
             # Keep `graph` alive with its result, so its id is never reused.
-            self._optimized[id(graph)] = (graph, optimize(graph, profile=self.profile))
+            self._optimized[id(graph)] = (graph, result)
         return self._optimized[id(graph)][1]
 
     def _graph_for(self, shapes: Mapping[str, Sequence[int]]) -> Graph:
@@ -183,7 +200,7 @@ class PerSizeSession(Session):
 
     Args:
         model: The ONNX model.
-        device, precision, optimize, profile: As for `Session`.
+        device, precision, optimize, profile, cache: As for `Session`.
 
     Raises:
         KnoptError: If the device or precision is unknown, or "cuda" has no usable GPU.
@@ -197,12 +214,13 @@ class PerSizeSession(Session):
         precision: str = "f32",
         optimize: bool | None = None,
         profile: str | os.PathLike[str] | DeviceProfile | None = None,
+        cache: str | os.PathLike[str] | ProgramCache | None = None,
     ) -> None:
         initializers = {t.name for t in model.graph.initializer}
         self.model = model
         self._input_names = [i.name for i in model.graph.input if i.name not in initializers]
         self._output_names = [o.name for o in model.graph.output]
-        self._prepare(device, precision, optimize, profile)
+        self._prepare(device, precision, optimize, profile, cache)
 
     @property
     def input_names(self) -> list[str]:
