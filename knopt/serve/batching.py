@@ -159,7 +159,14 @@ class Batcher:
             return err
 
     def _run(self, feeds: Feeds, rows: int, requests: int) -> Outputs:
-        outputs = self.session.run(None, feeds)
+        try:
+            outputs = self.session.run(None, feeds)
+        except KnoptError:
+            raise
+        except Exception as err:
+            # Such as an IndexError from a token id past the vocabulary: still this request's
+            # failure, not the server's, so it is answered like knopt's own errors.
+            raise KnoptError(f"running the model failed: {type(err).__name__}: {err}") from err
         size = self.spec.rows(feeds)
         self.stats.runs += 1
         self.stats.rows += rows

@@ -67,6 +67,8 @@ class _Session:
         x = feeds["x"]
         if np.isnan(x).any():
             raise InputError("input 'x' holds NaN")
+        if np.isinf(x).any():
+            raise IndexError("index 850 is out of bounds for axis 0 with size 100")
         return [2 * x]
 
 
@@ -87,6 +89,15 @@ def test_failing_run_is_retried_per_request_so_only_the_culprit_fails() -> None:
     assert isinstance(answers[1], InputError)
     np.testing.assert_array_equal(answers[0]["y"], 2 * good)  # type: ignore[index]
     np.testing.assert_array_equal(answers[2]["y"], 6 * good)  # type: ignore[index]
+
+
+def test_other_errors_of_a_run_are_the_culprits_too() -> None:
+    batcher = Batcher(_Session(), _spec(), max_batch_size=8)  # type: ignore[arg-type]
+    good = np.ones((1, 2), np.float32)
+    answers = batcher.run([{"x": good}, {"x": np.full((1, 2), np.inf, np.float32)}])
+    assert isinstance(answers[1], KnoptError)
+    assert "IndexError: index 850 is out of bounds" in str(answers[1])
+    np.testing.assert_array_equal(answers[0]["y"], 2 * good)  # type: ignore[index]
 
 
 def test_requests_of_other_inner_sizes_run_apart() -> None:
