@@ -40,6 +40,7 @@ from knopt.serve.spec import ModelSpec
 logger = logging.getLogger("ray.serve")
 
 REMEMBERED = 64  # answers a replica keeps for retried ids (each holds the request's outputs)
+HEALTH_TIMEOUT_S = 10.0  # a model replica that is up answers `metadata` at once
 
 
 class ReplicaLostError(KnoptError):
@@ -169,7 +170,8 @@ class Ingress:
 
     HTTP routes (under the application's route prefix): `POST /` runs the model (see
     `knopt.serve.protocol` for the bodies); `GET /` describes the model; `GET /health` answers
-    200 once a model replica answers; `GET /stats` gives one replica's batching counters.
+    200 when a model replica answers (503 if none does within `HEALTH_TIMEOUT_S`); `GET /stats`
+    gives one replica's batching counters.
     """
 
     def __init__(self, model: DeploymentHandle) -> None:
@@ -240,7 +242,10 @@ class Ingress:
 
     async def _get(self, route: str) -> Response:
         if route == "health":
-            await self.model.metadata.remote()
+            try:
+                await asyncio.wait_for(self.model.metadata.remote(), HEALTH_TIMEOUT_S)
+            except TimeoutError:
+                return _error(503, f"no model replica answered within {HEALTH_TIMEOUT_S} s")
             return JSONResponse({"status": "ok"})
         if route == "stats":
             return JSONResponse(await self.stats())
