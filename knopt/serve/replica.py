@@ -118,7 +118,10 @@ class ModelReplica:
             while len(self._answered) > REMEMBERED:
                 self._answered.popitem(last=False)
             return result
-        except BaseException as err:
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except Exception as err:
             future.set_exception(err)
             future.exception()  # retrieved: no "never retrieved" warning when nobody waits
             raise

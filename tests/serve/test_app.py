@@ -54,3 +54,5 @@ def test_application_has_an_ingress_and_model_replicas() -> None:
     assert (replicas.name, replicas.num_replicas) == ("KnoptModel", 2)
     assert replicas.ray_actor_options["num_gpus"] == 0
     assert replicas.max_ongoing_requests == 16  # a batch running and the next one filling
+    wide = app.deployment(MODEL, device="cpu", num_replicas=1, max_batch_size=32)
+    assert wide._bound_deployment.init_args[0]._bound_deployment.max_ongoing_requests == 64
