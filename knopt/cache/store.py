@@ -140,10 +140,6 @@ class ProgramCache:
         self.stats.writes += 1
         return path
 
-    def read(self, key: CacheKey) -> OptimizeResult | None:
-        """The entry of `key`, or None if there is none or it does not match `key`."""
-        return self._read(key)
-
     def _read(self, key: CacheKey, *, count_ignored: bool = True) -> OptimizeResult | None:
         path = self.path(key)
         if not path.exists():
