@@ -39,6 +39,7 @@ from knopt.version import __version__
 if TYPE_CHECKING:
     from onnx import ModelProto
 
+    from knopt.cache import ProgramCache
     from knopt.opt.cost import DeviceProfile
 
 
@@ -103,6 +104,7 @@ def compile(
     precision: str = "f32",
     optimize: bool | None = None,
     profile: str | os.PathLike[str] | DeviceProfile | None = None,
+    cache: str | os.PathLike[str] | ProgramCache | None = None,
 ) -> Session:
     """Prepare a model to run on a device.
 
@@ -115,21 +117,29 @@ def compile(
             is the reference that optimized programs are checked against.
         profile: The cost model for optimizing: "cpu", "h200", "h200-graph", a file written
             by `knopt calibrate`, or a `DeviceProfile` (default: the device's built-in one).
+        cache: When optimizing, a folder (or `knopt.cache.ProgramCache`) shared by processes:
+            each optimized program is read from it if there, else made and written for the
+            others (on cuda, with NVRTC's cubins). Entries of another knopt build, GPU or
+            model are ignored.
 
     Raises:
         KnoptError: If loading fails or the device is not available.
     """
     if isinstance(model, Graph):
-        return Session(model, device, precision=precision, optimize=optimize, profile=profile)
+        return Session(
+            model, device, precision=precision, optimize=optimize, profile=profile, cache=cache
+        )
     proto = load_model(model)
     try:
         graph = import_model(proto)
     except SymbolicSizeError:
         # Only fixed sizes import (an RNN over a dynamic sequence, ...): import at each run.
         return PerSizeSession(
-            proto, device, precision=precision, optimize=optimize, profile=profile
+            proto, device, precision=precision, optimize=optimize, profile=profile, cache=cache
         )
-    return Session(graph, device, precision=precision, optimize=optimize, profile=profile)
+    return Session(
+        graph, device, precision=precision, optimize=optimize, profile=profile, cache=cache
+    )
 
 
 __all__ = [
