@@ -22,8 +22,6 @@ from knopt.ir.op import Input
 from knopt.ir.shape import Dim, Sym, sym
 from knopt.onnx.legalize import carry_narrow_floats
 
-INITIALIZER_MIN_ELEMENTS = 16  # smaller constants stay Constant nodes, readable in Netron
-
 
 class Emitter:
     """Collects the ONNX nodes and initializers of one exported graph.
@@ -87,16 +85,17 @@ class Emitter:
         )
 
     def constant(self, array: np.ndarray) -> str:
-        """A value holding `array`: an initializer if large, else a Constant node (shared)."""
+        """A value holding `array`: an initializer, shared by every reader of equal contents.
+
+        Initializers rather than Constant nodes: a node is one more step for a runtime, and
+        onnxruntime, onnxsim and onnxslim all count it.
+        """
         array = np.asarray(array, order="C")  # not ascontiguousarray: it makes 0-d 1-d
         key = (array.dtype.str, tuple(array.shape), array.tobytes())
         if (found := self._constants.get(key)) is not None:
             return found
-        if array.size >= INITIALIZER_MIN_ELEMENTS:
-            name = self._unique(f"{self._base}_weight", self._value_names)
-            self.initializers.append(numpy_helper.from_array(array, name))
-        else:
-            name = self.op("Constant", [], value=numpy_helper.from_array(array, "value"))
+        name = self._unique(f"{self._base}_weight", self._value_names)
+        self.initializers.append(numpy_helper.from_array(array, name))
         self._constants[key] = name
         return name
 
