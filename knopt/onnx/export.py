@@ -112,6 +112,8 @@ def write_model(graph: Graph, opset: int, target: Target) -> onnx.ModelProto:
     w = Writer(graph, opset=opset, target=target)
     patterns = patterns_for(target, opset)
     for node in graph.nodes:
+        if w.has(node.output):
+            continue
         w.em.begin(node)
         rep = None
         for pattern in patterns.get(type(node.op), ()):

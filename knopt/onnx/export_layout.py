@@ -12,12 +12,12 @@ One handler per op class in `HANDLERS`, each `(writer, node) -> Rep`:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from knopt.ir import op as ops
-from knopt.ir.graph import Node
+from knopt.ir.graph import Node, Value
 from knopt.ir.shape import Shape, is_static
 from knopt.onnx.export_ops import EXPORTERS, INT64_MAX
 from knopt.onnx.writer import Rep, Writer, joined_shape
@@ -82,8 +82,16 @@ def reshape(w: Writer, name: str, source: Shape, target: Shape) -> str:
 def _permute(w: Writer, node: Node) -> Rep:
     op = node.op
     assert isinstance(op, ops.Permute)
-    (x,) = node.inputs
-    perm = list(op.perm)
+    return permuted(w, node.inputs[0], op.perm)
+
+
+def permuted(w: Writer, x: Value, perm: Sequence[int]) -> Rep:
+    """The rep of `x` with its axes permuted by `perm`: one Transpose, or none.
+
+    Permutations of permutations compose, constants fold, and a rep that lacks leading axes
+    is expanded first.
+    """
+    perm = list(perm)
     while isinstance(x.producer.op, ops.Permute):  # a permutation of a permutation is one
         inner = x.producer.op.perm
         perm = [inner[p] for p in perm]
@@ -96,7 +104,8 @@ def _permute(w: Writer, node: Node) -> Rep:
     if len(rep.shape) == x.rank:  # permute the small rep: a stretched axis stays stretched
         shape = tuple(rep.shape[p] for p in perm)
         return Rep(shape, w.em.op("Transpose", [w.rep_name(rep)], perm=perm))
-    return w.output(node, w.em.op("Transpose", [w.exact(x)], perm=perm))
+    shape = tuple(x.shape[p] for p in perm)
+    return Rep(shape, w.em.op("Transpose", [w.exact(x)], perm=perm))
 
 
 def _slice(w: Writer, node: Node) -> Rep:

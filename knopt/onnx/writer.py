@@ -109,15 +109,24 @@ class Writer:
         self.em = Emitter(graph, opset=opset)
         self.target = target
         self._reps: dict[Value, Rep] = {}
+        self._outputs = set(graph.outputs)
 
     @property
     def opset(self) -> int:
         """The version of the default ONNX domain being written."""
         return self.em.opset
 
+    def only_read_by(self, value: Value, node: Node) -> bool:
+        """True if `node` is the only reader of `value` (a fused op may then absorb it)."""
+        return value not in self._outputs and all(user is node for user in value.users())
+
     def set(self, value: Value, rep: Rep) -> None:
         """Record how `value` is held."""
         self._reps[value] = rep
+
+    def has(self, value: Value) -> bool:
+        """True once `value` is held (a pattern may write a later node's value with its own)."""
+        return value in self._reps
 
     def rep(self, value: Value) -> Rep:
         """How `value` is held."""
