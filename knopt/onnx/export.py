@@ -20,8 +20,9 @@ from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Value
 from knopt.ir.shape import Sym
 from knopt.onnx.emitter import Emitter
-from knopt.onnx.export_fused import patterns_for
+from knopt.onnx.export_fused import STANDARD, Patterns
 from knopt.onnx.export_layout import HANDLERS
+from knopt.onnx.export_ort import ORT_PATTERNS
 from knopt.onnx.export_tidy import without_unused
 from knopt.onnx.writer import Target, Writer
 
@@ -110,7 +111,7 @@ def write_file(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None:
 def write_model(graph: Graph, opset: int, target: Target) -> onnx.ModelProto:
     """The ONNX model of `graph` (not checked)."""
     w = Writer(graph, opset=opset, target=target)
-    patterns = patterns_for(target, opset)
+    patterns = patterns_for(target)
     for node in graph.nodes:
         if w.has(node.output):
             continue
@@ -127,6 +128,15 @@ def write_model(graph: Graph, opset: int, target: Target) -> onnx.ModelProto:
     name_outputs(em, graph, names)
     em.nodes, em.initializers = without_unused(em.nodes, em.initializers, graph.output_names)
     return assemble(em, graph, opset)
+
+
+def patterns_for(target: Target) -> Patterns:
+    """The patterns to try, by the op class of the node they end at, most specific first."""
+    patterns = {op_class: list(found) for op_class, found in STANDARD.items()}
+    if target is Target.ONNXRUNTIME:
+        for op_class, found in ORT_PATTERNS.items():
+            patterns[op_class] = [*found, *patterns.get(op_class, [])]
+    return patterns
 
 
 def carry_floats(em: Emitter, graph: Graph) -> None:

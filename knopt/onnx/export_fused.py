@@ -31,23 +31,12 @@ from knopt.ir.op import Binary, Reduction
 from knopt.ir.shape import Shape
 from knopt.onnx.export_layout import permuted
 from knopt.onnx.export_ops import conv_attributes, ones, rms_norm
-from knopt.onnx.writer import Rep, Target, Writer
+from knopt.onnx.writer import Rep, Writer
 
 Pattern = Callable[[Writer, Node], "Rep | None"]
 Patterns = dict[type[ops.Op], list[Pattern]]
 
 ATTENTION_OPSET = 23  # the Attention op joined the default domain in opset 23
-
-
-def patterns_for(target: Target, opset: int) -> Patterns:
-    """The patterns to try, by the op class of the node they end at, most specific first."""
-    patterns: Patterns = {op_class: list(found) for op_class, found in STANDARD.items()}
-    if target is Target.ONNXRUNTIME:
-        from knopt.onnx.export_ort import ORT_PATTERNS
-
-        for op_class, found in ORT_PATTERNS.items():
-            patterns[op_class] = [*found, *patterns.get(op_class, [])]
-    return patterns
 
 
 # ---- matching helpers ------------------------------------------------------------------------

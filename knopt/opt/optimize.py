@@ -93,19 +93,28 @@ class OptimizeResult:
     groups: dict[int, int] = field(default_factory=dict)  # fused graph node id -> kernel key
     group_kinds: dict[int, str] = field(default_factory=dict)  # kernel key -> kernel kind
 
-    def save(self, path: str | Path | None = None, *, kernels: bool = True, opset: int = 18) -> Any:
-        """Save as ONNX: with fused kernels as `knopt` functions, or (kernels=False) flat.
+    def save(
+        self,
+        path: str | Path | None = None,
+        *,
+        kernels: bool = False,
+        opset: int = 18,
+        target: str = "onnx",
+    ) -> Any:
+        """Save as ONNX for `target` ("onnx" or "onnxruntime"), or the kernel grouping.
+
+        With `kernels`, each fused kernel is a `knopt` function, to inspect the fusion in Netron.
 
         Raises:
             KnoptError: If the model cannot be written.
         """
-        if not kernels:
-            from knopt.onnx.export import save_onnx
+        if kernels:
+            from knopt.onnx.export_kernels import save_kernels
 
-            return save_onnx(self.graph, path, opset=opset)
-        from knopt.onnx.export_kernels import save_kernels
+            return save_kernels(self.graph, self.groups, self.group_kinds, path, opset=opset)
+        from knopt.onnx.export import save_onnx
 
-        return save_kernels(self.graph, self.groups, self.group_kinds, path, opset=opset)
+        return save_onnx(self.graph, path, opset=opset, target=target)
 
 
 @dataclass
