@@ -96,7 +96,7 @@ def channel_vector(w: Writer, value: Value, shape: Shape) -> str | None:
 # ---- normalizations ----------------------------------------------------------------------
 
 
-def _norm_affine(
+def norm_affine(
     w: Writer, node: Node, norm: type[ops.Op]
 ) -> tuple[Node, Value | None, Value | None]:
     """The norm node, scale and bias when `node` ends `norm(x) [* scale] [+ bias]`.
@@ -123,7 +123,7 @@ def _norm_affine(
 def _layer_norm(w: Writer, node: Node) -> Rep | None:
     """LayerNorm times a scale plus a bias, each varying along the normalized axes only."""
     try:
-        norm, scale, bias = _norm_affine(w, node, ops.LayerNorm)
+        norm, scale, bias = norm_affine(w, node, ops.LayerNorm)
     except LookupError:
         return None
     op = norm.op

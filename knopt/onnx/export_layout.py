@@ -18,6 +18,7 @@ import numpy as np
 
 from knopt.ir import op as ops
 from knopt.ir.graph import Node, Value
+from knopt.ir.op import Binary
 from knopt.ir.shape import Shape, is_static
 from knopt.onnx.export_ops import EXPORTERS, INT64_MAX
 from knopt.onnx.writer import Rep, Writer, joined_shape
@@ -146,8 +147,35 @@ def _flip(w: Writer, node: Node) -> Rep:
     return Rep(rep.shape, em.op("Slice", [w.rep_name(rep), *bounds]))
 
 
+# x op e == x for these splat constants e on the right (or either side, for the commutative ones)
+_NEUTRAL: dict[Binary, tuple[object, bool]] = {
+    Binary.ADD: (0, True),
+    Binary.SUB: (0, False),
+    Binary.MUL: (1, True),
+    Binary.DIV: (1, False),
+    Binary.AND: (True, True),
+    Binary.OR: (False, True),
+}
+
+
+def _neutral_operand(w: Writer, node: Node) -> Rep | None:
+    """The other operand's rep when one operand is the op's neutral element."""
+    op = node.op
+    if not isinstance(op, ops.BinaryOp) or op.kind not in _NEUTRAL:
+        return None
+    neutral, commutative = _NEUTRAL[op.kind]
+    a, b = (w.rep(v) for v in node.inputs)
+    candidates = [(a, b), (b, a)] if commutative else [(a, b)]
+    for kept, other in candidates:
+        if other.array is not None and other.array.shape == () and bool(other.array == neutral):
+            return kept
+    return None
+
+
 def _elementwise(w: Writer, node: Node) -> Rep:
     """Elementwise ops read their operands' reps: ONNX broadcasts them."""
+    if (kept := _neutral_operand(w, node)) is not None:
+        return kept
     reps = [w.rep(v) for v in node.inputs]
     name = EXPORTERS[type(node.op)](w.em, node.op, node, [w.rep_name(r) for r in reps])
     return Rep(joined_shape([r.shape for r in reps], node.output.shape), name)
@@ -160,6 +188,14 @@ def _clamp(w: Writer, node: Node) -> Rep:
         rep = w.rep(node.inputs[0])
         return Rep(rep.shape, w.em.op("Relu", [w.rep_name(rep)]))
     return _elementwise(w, node)
+
+
+def _gather(w: Writer, node: Node) -> Rep:
+    """Gather from a splat is the splat, whatever the indices."""
+    rep = w.rep(node.inputs[0])
+    if rep.array is not None and rep.shape == ():
+        return rep
+    return _exact_inputs(w, node)
 
 
 def _iota(w: Writer, node: Node) -> Rep:
@@ -203,7 +239,7 @@ HANDLERS: dict[type[ops.Op], Handler] = {
     ops.Flip: _flip,
     ops.Pad: _exact_inputs,
     ops.Concat: _exact_inputs,
-    ops.Gather: _exact_inputs,
+    ops.Gather: _gather,
     ops.Scatter: _exact_inputs,
     ops.Cast: _elementwise,
     ops.UnaryOp: _elementwise,

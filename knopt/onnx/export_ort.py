@@ -1,14 +1,306 @@
 """Recognised patterns written as onnxruntime's com.microsoft fused ops (`--target onnxruntime`).
 
-Only ops that onnxruntime documents (docs/ContribOperators.md) and runs on its CPU provider,
-where they are faster than the standard spelling; each is checked against onnxruntime's own
-kernel in tests/onnx/test_export_ort.py.
+Only ops that onnxruntime documents (docs/ContribOperators.md) and runs on its CPU provider;
+each is checked against onnxruntime's own kernel in tests/onnx/test_export_ort.py. Where a
+pattern does not fit an op's constraints it returns None and the standard spelling is written.
+
+- LayerNorm of a sum (times a scale, plus a bias): SkipLayerNormalization, which also returns
+  the sum for the residual path and absorbs a bias added to one operand; RmsNorm of a sum
+  times a scale: SkipSimplifiedLayerNormalization.
+- GELU (plus a bias before it): Gelu, BiasGelu; the tanh GELU: FastGelu (with its bias);
+  SiLU: QuickGelu with alpha 1.
+- Attention over heads split from `[batch, sequence, hidden]` values and merged back after:
+  Attention when q, k and v are projections of one input by constant weights (one GEMM for
+  all three), else MultiHeadAttention (absorbing the projections' biases); any other
+  attention: FusedMatMul (transposed key, scale) before the softmax.
 """
 
 from __future__ import annotations
 
-from knopt.onnx.export_fused import Patterns
+import numpy as np
+
+from knopt.ir import op as ops
+from knopt.ir.graph import Node, Value
+from knopt.ir.op import Binary, Unary
+from knopt.ir.shape import numel
+from knopt.onnx.export_fused import (
+    Patterns,
+    absorbed,
+    is_binary,
+    norm_affine,
+    operand_pairs,
+    splat,
+    trailing,
+)
+from knopt.onnx.export_layout import reshape
+from knopt.onnx.export_ops import ones
+from knopt.onnx.writer import Rep, Writer
 
 MS_DOMAIN = "com.microsoft"
+_GELU_OPSET = 20  # from here the standard Gelu is one node as well
 
-ORT_PATTERNS: Patterns = {}
+
+# ---- normalizations of a residual sum ----------------------------------------------------
+
+
+def _skip_operands(w: Writer, total: Value) -> tuple[str, str, str] | None:
+    """(input, skip, bias) when `total` is the sum of two tensors of its shape.
+
+    A bias vector added to the first is absorbed (bias '' when there is none).
+    """
+    if not is_binary(total.producer, Binary.ADD):
+        return None
+    add = total.producer
+    for a, b in operand_pairs(add):
+        inner = absorbed(w, a, add, ops.BinaryOp)
+        if inner is not None and is_binary(inner, Binary.ADD):
+            for x, vector in operand_pairs(inner):
+                bias = trailing(w, vector, total.shape[-1:])
+                if bias is not None and w.rep(x).shape == total.shape:
+                    return w.exact(x), w.exact(b), bias
+    a, b = add.inputs
+    return w.exact(a), w.exact(b), ""
+
+
+def _skip_norm(w: Writer, node: Node, norm_class: type[ops.Op], op_type: str) -> Rep | None:
+    """`norm(a + b) [* scale] [+ shift]` as onnxruntime's Skip*Normalization op."""
+    try:
+        norm, scale, shift = norm_affine(w, node, norm_class)
+    except LookupError:
+        return None
+    op = norm.op
+    assert isinstance(op, ops.LayerNorm | ops.RmsNorm)
+    (total,) = norm.inputs
+    if op.axis != total.rank - 1 or total.rank not in (2, 3):
+        return None
+    simplified = norm_class is ops.RmsNorm
+    if simplified and (scale is None or shift is not None):
+        return None
+    if (operands := _skip_operands(w, total)) is None:
+        return None
+    hidden = total.shape[-1:]
+    gamma = ones(w.em, norm, op.axis) if scale is None else trailing(w, scale, hidden)
+    beta = "" if shift is None else trailing(w, shift, hidden)
+    if gamma is None or beta is None:
+        return None
+    x, skip, bias = operands
+    args = [x, skip, gamma, bias] if simplified else [x, skip, gamma, beta, bias]
+    shared = not w.only_read_by(total, norm)  # the residual path reads the sum as well
+    names = w.em.op_outputs(
+        op_type,
+        args,
+        outputs=[True, False, False, shared],
+        domain=MS_DOMAIN,
+        epsilon=op.eps,
+    )
+    if shared:
+        w.set(total, Rep(total.shape, names[3]))
+    return w.output(node, names[0])
+
+
+def _skip_layer_norm(w: Writer, node: Node) -> Rep | None:
+    return _skip_norm(w, node, ops.LayerNorm, "SkipLayerNormalization")
+
+
+def _skip_rms_norm(w: Writer, node: Node) -> Rep | None:
+    if not is_binary(node, Binary.MUL):
+        return None
+    return _skip_norm(w, node, ops.RmsNorm, "SkipSimplifiedLayerNormalization")
+
+
+# ---- activations -------------------------------------------------------------------------
+
+
+def _gelu(w: Writer, node: Node) -> Rep | None:
+    """GELU and the tanh GELU, with a bias added before them when there is one."""
+    op = node.op
+    assert isinstance(op, ops.UnaryOp)
+    if op.kind not in (Unary.GELU, Unary.GELU_TANH) or node.output.dtype.is_int:
+        return None
+    (x,) = node.inputs
+    exact = op.kind is Unary.GELU
+    add = absorbed(w, x, node, ops.BinaryOp)
+    if add is not None and is_binary(add, Binary.ADD):
+        for value, vector in operand_pairs(add):
+            bias = trailing(w, vector, x.shape[-1:])
+            if bias is not None and w.rep(value).shape == x.shape:
+                op_type = "BiasGelu" if exact else "FastGelu"
+                return w.output(node, w.em.op(op_type, [w.exact(value), bias], domain=MS_DOMAIN))
+    if exact and w.opset >= _GELU_OPSET:
+        return None  # the standard Gelu is one node too
+    rep = w.rep(x)
+    name = w.em.op("Gelu" if exact else "FastGelu", [w.rep_name(rep)], domain=MS_DOMAIN)
+    return Rep(rep.shape, name)
+
+
+def _quick_gelu(w: Writer, node: Node) -> Rep | None:
+    """SiLU, `x * sigmoid(x)`: QuickGelu with alpha 1."""
+    op = node.op
+    assert isinstance(op, ops.UnaryOp)
+    if op.kind is not Unary.SILU or node.output.dtype.is_int:
+        return None
+    rep = w.rep(node.inputs[0])
+    return Rep(rep.shape, w.em.op("QuickGelu", [w.rep_name(rep)], domain=MS_DOMAIN, alpha=1.0))
+
+
+# ---- attention ---------------------------------------------------------------------------
+
+
+def _split_heads(value: Value) -> tuple[Value, Node, int] | None:
+    """`x [b, s, h*d]`, the View that reads it and h, if `value` is x split into heads.
+
+    Split into heads: viewed as `[b, s, h, d]` and permuted to `[b, h, s, d]`.
+    """
+    permute = value.producer
+    if not isinstance(permute.op, ops.Permute) or permute.op.perm != (0, 2, 1, 3):
+        return None
+    view = permute.inputs[0].producer
+    if not isinstance(view.op, ops.View) or view.output.rank != 4:
+        return None
+    (x,) = view.inputs
+    batch, seq, heads, size = view.output.shape
+    if not isinstance(heads, int) or x.shape != (batch, seq, heads * size):
+        return None
+    return x, view, heads
+
+
+def _projection(w: Writer, x: Value, reader: Node) -> tuple[Node, Value | None] | None:
+    """The MatMul that computes `x`, and the bias added to it (None if none)."""
+    if (product := absorbed(w, x, reader, ops.MatMul)) is not None:
+        return product, None
+    add = absorbed(w, x, reader, ops.BinaryOp)
+    if add is None or not is_binary(add, Binary.ADD):
+        return None
+    for result, bias in operand_pairs(add):
+        product = absorbed(w, result, add, ops.MatMul)
+        if product is not None and len(w.rep(bias).shape) <= 1:
+            return product, bias
+    return None
+
+
+def _attention_bias(w: Writer, bias: Value) -> str | None:
+    """The additive bias as onnxruntime's `[batch or 1, heads or 1, s, t]`, '' if it is zero."""
+    if splat(w, bias) == 0:
+        return ""
+    rep = w.rep(bias)
+    shape = (1,) * (bias.rank - len(rep.shape)) + tuple(rep.shape)
+    if bias.rank == 3:  # one head: [b, s, t] as [b, 1, s, t]
+        shape = (shape[0], 1, *shape[1:])
+    elif bias.rank != 4:
+        return None
+    full = (*shape[:2], *bias.shape[-2:])
+    name = w.rep_name(rep)
+    missing = 4 - len(rep.shape)
+    if bias.rank == 3 and len(rep.shape) == 3:
+        name = w.em.op("Unsqueeze", [name, w.em.ints([1])])
+    elif missing:
+        name = w.em.op("Unsqueeze", [name, w.em.ints(list(range(missing)))])
+    return w.expanded(Rep(shape, name), full)
+
+
+def _packed_weights(
+    w: Writer, products: list[tuple[Node, Value | None]]
+) -> tuple[str, str, list[int]] | None:
+    """One `[k, 3n]` weight matrix, its `[3n]` bias and the three widths.
+
+    For three projections of one input by constant weights (biases or not).
+    """
+    if len({product.inputs[0] for product, _ in products}) != 1:
+        return None
+    matrices: list[np.ndarray] = []
+    vectors: list[np.ndarray] = []
+    for product, bias in products:
+        matrix = w.rep(product.inputs[1]).array
+        if matrix is None or matrix.ndim != 2:
+            return None
+        matrices.append(matrix)
+        vector = np.zeros(matrix.shape[1], matrix.dtype) if bias is None else w.rep(bias).array
+        if vector is None:
+            return None
+        vectors.append(np.broadcast_to(vector, (matrix.shape[1],)))
+    widths = [m.shape[1] for m in matrices]
+    packed = np.concatenate(matrices, axis=1)
+    return w.em.constant(packed), w.em.constant(np.concatenate(vectors)), widths
+
+
+def _attention_op(
+    w: Writer, att: Node, sources: list[tuple[Value, Node]], heads: int
+) -> str | None:
+    """Attention or MultiHeadAttention of `att` from its `[b, s, hidden]` sources.
+
+    Each source comes with the node that reads it (a projection it absorbs must have no other
+    reader).
+    """
+    op = att.op
+    assert isinstance(op, ops.Attention)
+    mask = _attention_bias(w, att.inputs[3])
+    if mask is None:
+        return None
+    found = [_projection(w, source, reader) for source, reader in sources]
+    products = [p for p in found if p is not None]
+    if len(products) == 3 and (packed := _packed_weights(w, products)) is not None:
+        weights, bias, widths = packed
+        return w.em.op(
+            "Attention",
+            [w.exact(products[0][0].inputs[0]), weights, bias, "", "", mask],
+            domain=MS_DOMAIN,
+            num_heads=heads,
+            scale=op.scale,
+            qkv_hidden_sizes=widths,
+        )
+    qkv, bias = [w.exact(source) for source, _ in sources], ""
+    if len(products) == 3:
+        vectors = [
+            trailing(w, b, product.output.shape[-1:]) if b is not None else None
+            for product, b in products
+        ]
+        names = [v for v in vectors if v is not None]
+        if len(names) == 3:
+            qkv = [w.exact(product.output) for product, _ in products]
+            bias = w.em.op("Concat", names, axis=0)
+    return w.em.op(
+        "MultiHeadAttention",
+        [*qkv, bias, "", mask],
+        domain=MS_DOMAIN,
+        num_heads=heads,
+        scale=op.scale,
+    )
+
+
+def _merged_heads(w: Writer, node: Node) -> Rep | None:
+    """Attention over split heads whose result is merged back to `[b, s, h*d]` by `node`."""
+    permute = absorbed(w, node.inputs[0], node, ops.Permute)
+    if permute is None or permute.op.perm != (0, 2, 1, 3):  # type: ignore[attr-defined]
+        return None
+    att = absorbed(w, permute.inputs[0], permute, ops.Attention)
+    if att is None:
+        return None
+    batch, heads, seq, size = att.output.shape
+    merged = (batch, seq, heads * size)
+    if numel(node.output.shape) != numel(merged) or node.output.shape[-1] != merged[-1]:
+        return None
+    split = [found for v in att.inputs[:3] if (found := _split_heads(v)) is not None]
+    if len(split) != 3 or len({found[2] for found in split}) != 1:
+        return None
+    sources = [(x, view) for x, view, _ in split]
+    name = _attention_op(w, att, sources, split[0][2])
+    if name is None:
+        return None
+    return w.output(node, reshape(w, name, merged, node.output.shape))
+
+
+def _single_head(w: Writer, node: Node) -> Rep | None:
+    """Attention of `[b, s, d]` operands: one head."""
+    q, k, v, _ = node.inputs
+    if q.rank != 3:
+        return None
+    name = _attention_op(w, node, [(q, node), (k, node), (v, node)], 1)
+    return None if name is None else w.output(node, name)
+
+
+ORT_PATTERNS: Patterns = {
+    ops.BinaryOp: [_skip_layer_norm, _skip_rms_norm],
+    ops.UnaryOp: [_gelu, _quick_gelu],
+    ops.View: [_merged_heads],
+    ops.Attention: [_single_head],
+}

@@ -161,6 +161,10 @@ class Writer:
         if rep.array is not None and is_static(shape):
             full = np.broadcast_to(rep.array, shape)  # type: ignore[arg-type]
             return self.em.constant(np.array(full))
+        missing = len(shape) - len(rep.shape)
+        if tuple(shape[missing:]) == tuple(rep.shape) and all(d == 1 for d in shape[:missing]):
+            axes = self.em.ints(list(range(missing)))  # only leading axes of size 1 are missing
+            return self.em.op("Unsqueeze", [self.rep_name(rep), axes])
         # Expand keeps an axis the rep already has when asked for 1 there (it broadcasts both
         # ways), so only the stretched axes need their sizes, often none of them symbolic.
         padded = (1,) * (len(shape) - len(rep.shape)) + tuple(rep.shape)
