@@ -13,7 +13,8 @@ computed twice; the nodes it absorbs were written already and are dropped as unr
   a flattening View and the View that restores the leading axes: MatMul on the unflattened
   input, which ONNX broadcasts.
 - a sum times 1/N (or over N): ReduceMean, or GlobalAveragePool over every spatial axis.
-- Slices that tile an axis: one Split.
+- Slices that tile an axis: one Split; Gathers that repeat elements along two or more spatial
+  axes (nearest upsampling): one Resize.
 - `Attention`: the Attention op from opset 23, before it MatMul, Softmax and MatMul in the
   order onnxruntime fuses (the transposed key and scale go into its FusedMatMul).
 """
@@ -298,6 +299,50 @@ def _split(w: Writer, node: Node) -> Rep | None:
     return w.rep(node.output)
 
 
+def _repeat_factor(w: Writer, node: Node) -> int | None:
+    """The factor f when `node` gathers `i // f` along a spatial axis (nearest upsampling)."""
+    op = node.op
+    if not isinstance(op, ops.Gather) or op.axis < 2:
+        return None
+    x, indices = node.inputs
+    rep = w.rep(indices)
+    size = x.shape[op.axis]
+    if rep.array is None or indices.rank != 1 or not isinstance(size, int) or size == 0:
+        return None
+    factor, remainder = divmod(indices.shape[0], size)  # type: ignore[operator]
+    if remainder or not factor:
+        return None
+    expected = np.arange(size * factor) // factor
+    return factor if np.array_equal(np.broadcast_to(rep.array, expected.shape), expected) else None
+
+
+def _nearest_upsampling(w: Writer, node: Node) -> Rep | None:
+    """Gathers that repeat each element along spatial axes: one nearest-neighbour Resize."""
+    scales = [1.0] * node.output.rank
+    current = node
+    while (factor := _repeat_factor(w, current)) is not None:
+        axis = current.op.axis  # type: ignore[attr-defined]
+        if scales[axis] != 1.0:
+            break
+        scales[axis] = float(factor)
+        source = current.inputs[0]
+        inner = absorbed(w, source, current, ops.Gather)
+        if inner is None or _repeat_factor(w, inner) is None:
+            break
+        current = inner
+    if sum(s != 1.0 for s in scales) < 2 or not node.output.dtype.is_float:
+        return None  # one Gather is as short as one Resize
+    x = current.inputs[0]
+    name = w.em.op(
+        "Resize",
+        [w.exact(x), "", w.em.constant(np.array(scales, np.float32))],
+        mode="nearest",
+        coordinate_transformation_mode="asymmetric",
+        nearest_mode="floor",
+    )
+    return w.output(node, name)
+
+
 # ---- attention ---------------------------------------------------------------------------
 
 
@@ -324,5 +369,6 @@ STANDARD: Patterns = {
     ops.BinaryOp: [_layer_norm, _rms_norm, _conv_bias, _gemm, _mean],
     ops.View: [_unflattened_product],
     ops.Slice: [_split],
+    ops.Gather: [_nearest_upsampling],
     ops.Attention: [_attention],
 }

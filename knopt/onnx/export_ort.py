@@ -11,8 +11,7 @@ pattern does not fit an op's constraints it returns None and the standard spelli
   SiLU: QuickGelu with alpha 1.
 - Attention over heads split from `[batch, sequence, hidden]` values and merged back after:
   Attention when q, k and v are projections of one input by constant weights (one GEMM for
-  all three), else MultiHeadAttention (absorbing the projections' biases); any other
-  attention: FusedMatMul (transposed key, scale) before the softmax.
+  all three, sliced from one product or from three), else MultiHeadAttention.
 """
 
 from __future__ import annotations
@@ -164,18 +163,50 @@ def _split_heads(value: Value) -> tuple[Value, Node, int] | None:
     return x, view, heads
 
 
-def _projection(w: Writer, x: Value, reader: Node) -> tuple[Node, Value | None] | None:
-    """The MatMul that computes `x`, and the bias added to it (None if none)."""
-    if (product := absorbed(w, x, reader, ops.MatMul)) is not None:
-        return product, None
-    add = absorbed(w, x, reader, ops.BinaryOp)
-    if add is None or not is_binary(add, Binary.ADD):
+def _product_of(value: Value) -> tuple[Value, Value, Value | None] | None:
+    """(x, weights, bias) when `value` is `x @ weights + bias` (the bias may be absent).
+
+    The product may be taken on x with its leading axes flattened and viewed back after;
+    x and `value` have the same leading axes.
+    """
+    v = value
+    if isinstance(v.producer.op, ops.View):
+        v = v.producer.inputs[0]
+    bias = None
+    if is_binary(v.producer, Binary.ADD):
+        pairs = operand_pairs(v.producer)
+        found = [(a, b) for a, b in pairs if isinstance(a.producer.op, ops.MatMul)]
+        if not found:
+            return None
+        v, bias = found[0]
+    if not isinstance(v.producer.op, ops.MatMul):
         return None
-    for result, bias in operand_pairs(add):
-        product = absorbed(w, result, add, ops.MatMul)
-        if product is not None and len(w.rep(bias).shape) <= 1:
-            return product, bias
-    return None
+    x, weights = v.producer.inputs
+    if isinstance(x.producer.op, ops.View):
+        x = x.producer.inputs[0]
+    if x.shape[:-1] != value.shape[:-1] or (bias is not None and bias.rank > 1 + value.rank):
+        return None
+    return x, weights, bias
+
+
+def _pieces(sources: list[Value]) -> tuple[Value, list[int]] | None:
+    """The value that `sources` are consecutive slices of, and their widths.
+
+    Slices along the last axis, in order, that together cover it.
+    """
+    cuts = [s.producer.op for s in sources]
+    if not all(isinstance(c, ops.Slice) for c in cuts):
+        return None
+    whole = sources[0].producer.inputs[0]
+    widths: list[int] = []
+    for source, cut in zip(sources, cuts, strict=True):
+        assert isinstance(cut, ops.Slice)
+        if source.producer.inputs[0] is not whole or cut.axis != whole.rank - 1:
+            return None
+        if cut.start != sum(widths) or cut.step != 1 or not isinstance(cut.stop, int):
+            return None
+        widths.append(cut.stop - sum(widths))
+    return (whole, widths) if sum(widths) == whole.shape[-1] else None
 
 
 def _attention_bias(w: Writer, bias: Value) -> str | None:
@@ -198,69 +229,69 @@ def _attention_bias(w: Writer, bias: Value) -> str | None:
     return w.expanded(Rep(shape, name), full)
 
 
-def _packed_weights(
-    w: Writer, products: list[tuple[Node, Value | None]]
-) -> tuple[str, str, list[int]] | None:
-    """One `[k, 3n]` weight matrix, its `[3n]` bias and the three widths.
+def _constant_matrix(w: Writer, value: Value) -> np.ndarray | None:
+    array = w.rep(value).array
+    return array if array is not None and array.ndim == 2 else None
 
-    For three projections of one input by constant weights (biases or not).
+
+def _packed(w: Writer, sources: list[Value]) -> tuple[Value, str, str, list[int]] | None:
+    """The input, `[k, 3n]` weights, `[3n]` bias and widths of q, k and v.
+
+    When all three are projections of one input by constant weights: sliced from one product,
+    or three products.
     """
-    if len({product.inputs[0] for product, _ in products}) != 1:
-        return None
-    matrices: list[np.ndarray] = []
-    vectors: list[np.ndarray] = []
-    for product, bias in products:
-        matrix = w.rep(product.inputs[1]).array
-        if matrix is None or matrix.ndim != 2:
+    if (pieces := _pieces(sources)) is not None:
+        found = _product_of(pieces[0])
+        if found is None or (matrix := _constant_matrix(w, found[1])) is None:
             return None
-        matrices.append(matrix)
+        x, _, bias = found
+        widths = pieces[1]
+        products: list[tuple[np.ndarray, Value | None]] = [(matrix, bias)]
+    else:
+        found_all = [_product_of(s) for s in sources]
+        if any(f is None for f in found_all):
+            return None
+        triples = [f for f in found_all if f is not None]
+        if len({f[0] for f in triples}) != 1:
+            return None
+        x = triples[0][0]
+        matrices = [_constant_matrix(w, f[1]) for f in triples]
+        if any(m is None for m in matrices):
+            return None
+        products = [(m, f[2]) for m, f in zip(matrices, triples, strict=True)]  # type: ignore[misc]
+        widths = [m.shape[1] for m, _ in products]
+    vectors = []
+    for matrix, bias in products:
         vector = np.zeros(matrix.shape[1], matrix.dtype) if bias is None else w.rep(bias).array
-        if vector is None:
+        if vector is None or vector.ndim > 1:
             return None
         vectors.append(np.broadcast_to(vector, (matrix.shape[1],)))
-    widths = [m.shape[1] for m in matrices]
-    packed = np.concatenate(matrices, axis=1)
-    return w.em.constant(packed), w.em.constant(np.concatenate(vectors)), widths
+    if x.rank != 3:
+        return None
+    weights = np.concatenate([m for m, _ in products], axis=1)
+    return x, w.em.constant(weights), w.em.constant(np.concatenate(vectors)), widths
 
 
-def _attention_op(
-    w: Writer, att: Node, sources: list[tuple[Value, Node]], heads: int
-) -> str | None:
-    """Attention or MultiHeadAttention of `att` from its `[b, s, hidden]` sources.
-
-    Each source comes with the node that reads it (a projection it absorbs must have no other
-    reader).
-    """
+def _attention_op(w: Writer, att: Node, sources: list[Value], heads: int) -> str | None:
+    """Attention or MultiHeadAttention of `att` from its `[b, s, hidden]` sources."""
     op = att.op
     assert isinstance(op, ops.Attention)
     mask = _attention_bias(w, att.inputs[3])
     if mask is None:
         return None
-    found = [_projection(w, source, reader) for source, reader in sources]
-    products = [p for p in found if p is not None]
-    if len(products) == 3 and (packed := _packed_weights(w, products)) is not None:
-        weights, bias, widths = packed
+    if (packed := _packed(w, sources)) is not None:
+        x, weights, bias, widths = packed
         return w.em.op(
             "Attention",
-            [w.exact(products[0][0].inputs[0]), weights, bias, "", "", mask],
+            [w.exact(x), weights, bias, "", "", mask],
             domain=MS_DOMAIN,
             num_heads=heads,
             scale=op.scale,
             qkv_hidden_sizes=widths,
         )
-    qkv, bias = [w.exact(source) for source, _ in sources], ""
-    if len(products) == 3:
-        vectors = [
-            trailing(w, b, product.output.shape[-1:]) if b is not None else None
-            for product, b in products
-        ]
-        names = [v for v in vectors if v is not None]
-        if len(names) == 3:
-            qkv = [w.exact(product.output) for product, _ in products]
-            bias = w.em.op("Concat", names, axis=0)
     return w.em.op(
         "MultiHeadAttention",
-        [*qkv, bias, "", mask],
+        [*(w.exact(s) for s in sources), "", "", mask],
         domain=MS_DOMAIN,
         num_heads=heads,
         scale=op.scale,
@@ -282,8 +313,7 @@ def _merged_heads(w: Writer, node: Node) -> Rep | None:
     split = [found for v in att.inputs[:3] if (found := _split_heads(v)) is not None]
     if len(split) != 3 or len({found[2] for found in split}) != 1:
         return None
-    sources = [(x, view) for x, view, _ in split]
-    name = _attention_op(w, att, sources, split[0][2])
+    name = _attention_op(w, att, [x for x, _, _ in split], split[0][2])
     if name is None:
         return None
     return w.output(node, reshape(w, name, merged, node.output.shape))
@@ -294,7 +324,7 @@ def _single_head(w: Writer, node: Node) -> Rep | None:
     q, k, v, _ = node.inputs
     if q.rank != 3:
         return None
-    name = _attention_op(w, node, [(q, node), (k, node), (v, node)], 1)
+    name = _attention_op(w, node, [q, k, v], 1)
     return None if name is None else w.output(node, name)
 
 
