@@ -21,14 +21,14 @@ import numpy as np
 from knopt.ir import op as ops
 from knopt.ir.graph import Node, Value
 from knopt.ir.op import Binary, Unary
-from knopt.ir.shape import numel
 from knopt.onnx.export_fused import (
     Patterns,
     absorbed,
+    attention_mask,
     is_binary,
+    merged_heads,
     norm_affine,
     operand_pairs,
-    splat,
     trailing,
 )
 from knopt.onnx.export_layout import reshape
@@ -145,24 +145,6 @@ def _quick_gelu(w: Writer, node: Node) -> Rep | None:
 # ---- attention ---------------------------------------------------------------------------
 
 
-def _split_heads(value: Value) -> tuple[Value, Node, int] | None:
-    """`x [b, s, h*d]`, the View that reads it and h, if `value` is x split into heads.
-
-    Split into heads: viewed as `[b, s, h, d]` and permuted to `[b, h, s, d]`.
-    """
-    permute = value.producer
-    if not isinstance(permute.op, ops.Permute) or permute.op.perm != (0, 2, 1, 3):
-        return None
-    view = permute.inputs[0].producer
-    if not isinstance(view.op, ops.View) or view.output.rank != 4:
-        return None
-    (x,) = view.inputs
-    batch, seq, heads, size = view.output.shape
-    if not isinstance(heads, int) or x.shape != (batch, seq, heads * size):
-        return None
-    return x, view, heads
-
-
 def _product_of(value: Value) -> tuple[Value, Value, Value | None] | None:
     """(x, weights, bias) when `value` is `x @ weights + bias` (the bias may be absent).
 
@@ -207,26 +189,6 @@ def _pieces(sources: list[Value]) -> tuple[Value, list[int]] | None:
             return None
         widths.append(cut.stop - sum(widths))
     return (whole, widths) if sum(widths) == whole.shape[-1] else None
-
-
-def _attention_bias(w: Writer, bias: Value) -> str | None:
-    """The additive bias as onnxruntime's `[batch or 1, heads or 1, s, t]`, '' if it is zero."""
-    if splat(w, bias) == 0:
-        return ""
-    rep = w.rep(bias)
-    shape = (1,) * (bias.rank - len(rep.shape)) + tuple(rep.shape)
-    if bias.rank == 3:  # one head: [b, s, t] as [b, 1, s, t]
-        shape = (shape[0], 1, *shape[1:])
-    elif bias.rank != 4:
-        return None
-    full = (*shape[:2], *bias.shape[-2:])
-    name = w.rep_name(rep)
-    missing = 4 - len(rep.shape)
-    if bias.rank == 3 and len(rep.shape) == 3:
-        name = w.em.op("Unsqueeze", [name, w.em.ints([1])])
-    elif missing:
-        name = w.em.op("Unsqueeze", [name, w.em.ints(list(range(missing)))])
-    return w.expanded(Rep(shape, name), full)
 
 
 def _constant_matrix(w: Writer, value: Value) -> np.ndarray | None:
@@ -276,7 +238,7 @@ def _attention_op(w: Writer, att: Node, sources: list[Value], heads: int) -> str
     """Attention or MultiHeadAttention of `att` from its `[b, s, hidden]` sources."""
     op = att.op
     assert isinstance(op, ops.Attention)
-    mask = _attention_bias(w, att.inputs[3])
+    mask = attention_mask(w, att.inputs[3])
     if mask is None:
         return None
     if (packed := _packed(w, sources)) is not None:
@@ -299,21 +261,11 @@ def _attention_op(w: Writer, att: Node, sources: list[Value], heads: int) -> str
 
 
 def _merged_heads(w: Writer, node: Node) -> Rep | None:
-    """Attention over split heads whose result is merged back to `[b, s, h*d]` by `node`."""
-    permute = absorbed(w, node.inputs[0], node, ops.Permute)
-    if permute is None or permute.op.perm != (0, 2, 1, 3):  # type: ignore[attr-defined]
+    """Attention over split heads whose result `node` merges back to `[b, s, h*d]`."""
+    if (found := merged_heads(w, node)) is None:
         return None
-    att = absorbed(w, permute.inputs[0], permute, ops.Attention)
-    if att is None:
-        return None
-    batch, heads, seq, size = att.output.shape
-    merged = (batch, seq, heads * size)
-    if numel(node.output.shape) != numel(merged) or node.output.shape[-1] != merged[-1]:
-        return None
-    split = [found for v in att.inputs[:3] if (found := _split_heads(v)) is not None]
-    if len(split) != 3 or len({found[2] for found in split}) != 1:
-        return None
-    name = _attention_op(w, att, [x for x, _, _ in split], split[0][2])
+    att, sources, heads, merged = found
+    name = _attention_op(w, att, sources, heads)
     if name is None:
         return None
     return w.output(node, reshape(w, name, merged, node.output.shape))
