@@ -27,7 +27,7 @@ BATCH, SEQ = sym("batch"), sym("seq")
 Build = Callable[[GraphBuilder], None]
 
 
-def _graph(build: Build) -> Graph:
+def graph_of(build: Build) -> Graph:
     b = GraphBuilder("case")
     build(b)
     return b.build()
@@ -116,7 +116,7 @@ def test_layer_norm_with_its_affine_is_one_layer_normalization(
             y = b.add(constant(b, rng, normalized[-1:]), y)
         b.output(y, "y")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     model = check(graph, feeds_for(graph, rng, {"batch": 3}))
     assert ops_of(model) == Counter({"LayerNormalization": 1})
     (node,) = model.graph.node
@@ -130,7 +130,7 @@ def test_scale_that_varies_outside_the_normalized_axes_stays_a_mul(
         x = b.input("x", (4, 6, 8), F32)
         b.output(b.mul(b.layer_norm(x, axis=2, eps=1e-5), constant(b, rng, (6, 1))), "y")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     model = check(graph, feeds_for(graph, rng, {}))
     assert ops_of(model) == Counter({"LayerNormalization": 1, "Mul": 1})
 
@@ -143,7 +143,7 @@ def test_rms_norm_times_scale_is_rms_normalization_or_what_onnxruntime_fuses(
         x = b.input("x", (BATCH, SEQ, 16), F32)
         b.output(b.mul(constant(b, rng, (16,)), b.rms_norm(x, axis=2, eps=1e-6)), "y")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     model = check(graph, feeds_for(graph, rng, {"batch": 2, "seq": 5}), opset=opset)
     if opset >= 23:
         assert ops_of(model) == Counter({"RMSNormalization": 1})
@@ -163,7 +163,7 @@ def test_gelu_is_gelu_from_opset_20_and_fuses_in_onnxruntime_before(
         x = b.input("x", (BATCH, 32), F32)
         b.output(b.add(b.unary(kind, b.unary(Unary.NEG, x)), x), "y")  # not a graph output
 
-    graph = _graph(build)
+    graph = graph_of(build)
     model = check(graph, feeds_for(graph, rng, {"batch": 3}), opset=opset)
     if opset >= 20:
         (gelu,) = [n for n in model.graph.node if n.op_type == "Gelu"]
@@ -181,7 +181,7 @@ def test_relu_stays_relu(rng: np.random.Generator, lo: float, hi: float, op_type
     def build(b: GraphBuilder) -> None:
         b.output(b.clamp(b.input("x", (2, 7), F32), lo=lo, hi=hi), "y")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     assert ops_of(check(graph, feeds_for(graph, rng, {}))) == Counter({op_type: 1})
 
 
@@ -196,7 +196,7 @@ def test_softmax_and_log_softmax_on_any_axis_are_one_node(
         total = b.reduce(Reduction.SUM, b.unary(Unary.EXP, shifted), axes=[axis])
         b.output(b.sub(shifted, b.unary(Unary.LOG, total)), "log_softmax")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     model = check(graph, feeds_for(graph, rng, {}))
     assert ops_of(model) == Counter({"Softmax": 1, "LogSoftmax": 1})
 
@@ -205,7 +205,7 @@ def test_hard_swish_is_hard_swish(rng: np.random.Generator) -> None:
     def build(b: GraphBuilder) -> None:
         b.output(b.unary(Unary.HARD_SWISH, b.input("x", (2, 3, 4, 4), F32)), "y")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     assert ops_of(check(graph, feeds_for(graph, rng, {}))) == Counter({"HardSwish": 1})
 
 
@@ -227,7 +227,7 @@ def test_conv_plus_channel_bias_is_conv_with_bias(
         )
         b.output(b.add(y, constant(b, rng, bias_shape)), "y")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     model = check(graph, feeds_for(graph, rng, {"batch": 2}))
     assert ops_of(model) == Counter({"Conv": 1})
     assert len(model.graph.node[0].input) == 3
@@ -241,7 +241,7 @@ def test_bias_that_varies_along_space_stays_an_add(rng: np.random.Generator) -> 
         )
         b.output(b.add(y, constant(b, rng, (5, 5))), "y")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     assert ops_of(check(graph, feeds_for(graph, rng, {}))) == Counter({"Conv": 1, "Add": 1})
 
 
@@ -261,7 +261,7 @@ def test_matmul_plus_bias_on_matrices_is_gemm(
             bias = constant(b, rng, bias_shape)
         b.output(b.add(b.matmul(x, weights), bias), "y")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     model = check(graph, feeds_for(graph, rng, {"batch": 3}))
     assert ops_of(model) == Counter({"Gemm": 1})
     (gemm,) = model.graph.node
@@ -276,7 +276,7 @@ def test_matmul_on_flattened_rows_is_one_matmul_on_the_rows(rng: np.random.Gener
         product = b.add(b.matmul(flat, constant(b, rng, (8, 12))), constant(b, rng, (12,)))
         b.output(b.view(product, (BATCH, SEQ, 12)), "y")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     model = check(graph, feeds_for(graph, rng, {"batch": 2, "seq": 3}))
     assert ops_of(model) == Counter({"MatMul": 1, "Add": 1})
 
@@ -287,7 +287,7 @@ def test_matmul_reads_weights_without_expanding_them(rng: np.random.Generator) -
         weights = b.broadcast(constant(b, rng, (8, 4)), (BATCH, 8, 4))
         b.output(b.matmul(x, weights), "y")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     model = check(graph, feeds_for(graph, rng, {"batch": 2, "seq": 3}))
     assert ops_of(model) == Counter({"MatMul": 1})
     assert [list(t.dims) for t in model.graph.initializer] == [[8, 4]]
@@ -307,7 +307,7 @@ def test_sum_over_count_is_a_mean(
         else:
             b.output(b.mul(total, b.constant(np.float32(1 / count))), "y")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     assert ops_of(check(graph, feeds_for(graph, rng, {"batch": 2}))) == Counter({op_type: 1})
 
 
@@ -321,7 +321,7 @@ def test_broadcasts_stay_implicit(rng: np.random.Generator) -> None:
         y = b.mul(b.add(x, constant(b, rng, (8,))), b.constant(np.float32(0.5)))
         b.output(b.add(y, b.permute(mask, (0, 2, 1))), "y")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     model = check(graph, feeds_for(graph, rng, {"batch": 2, "seq": 3}))
     assert "Expand" not in ops_of(model)
     assert ops_of(model) == Counter({"Add": 2, "Mul": 1, "Transpose": 1})
@@ -334,7 +334,7 @@ def test_symbolic_views_are_one_reshape_with_constant_sizes(rng: np.random.Gener
         b.output(b.view(b.permute(b.unary(Unary.EXP, heads), (0, 2, 1, 3)), (BATCH, SEQ, 8)), "y")
         b.output(b.view(x, (BATCH * SEQ, 8)), "rows")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     model = check(graph, feeds_for(graph, rng, {"batch": 2, "seq": 3}))
     assert not {"Shape", "Concat", "Gather"} & set(ops_of(model))
     assert ops_of(model) == Counter({"Reshape": 3, "Transpose": 2, "Exp": 1})
@@ -352,7 +352,7 @@ def test_slices_that_tile_an_axis_are_one_split(rng: np.random.Generator) -> Non
         for name, (start, stop) in zip("qkv", [(0, 4), (4, 8), (8, 12)], strict=True):
             b.output(b.unary(Unary.NEG, b.slice(x, axis=1, start=start, stop=stop)), name)
 
-    graph = _graph(build)
+    graph = graph_of(build)
     model = check(graph, feeds_for(graph, rng, {"batch": 2}))
     assert ops_of(model) == Counter({"Split": 1, "Neg": 3})
 
@@ -363,7 +363,7 @@ def test_gathers_that_repeat_pixels_are_one_resize(rng: np.random.Generator) -> 
         rows = b.gather(x, b.constant(np.arange(8) // 2), axis=2)
         b.output(b.gather(rows, b.constant(np.arange(15) // 3), axis=3), "y")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     model = check(graph, feeds_for(graph, rng, {"batch": 2}))
     assert ops_of(model) == Counter({"Resize": 1})
 
@@ -378,7 +378,7 @@ def test_neutral_operands_and_gathers_from_splats_write_nothing(rng: np.random.G
         b.output(b.binary(Binary.AND, flags, b.broadcast(ones, (BATCH, 4))), "flags_out")
         b.output(b.mul(b.add(x, b.constant(np.float32(0))), b.constant(np.float32(1))), "y")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     model = check(graph, feeds_for(graph, rng, {"batch": 2}))
     assert ops_of(model) == Counter({"Identity": 2})
 
@@ -475,6 +475,6 @@ def test_single_head_attention_at_opset_23(rng: np.random.Generator) -> None:
         bias = b.scalar(0.0, F32, (BATCH, SEQ, SEQ))
         b.output(b.apply(Attention(0.3), [q, k, v, bias]), "y")
 
-    graph = _graph(build)
+    graph = graph_of(build)
     model = check(graph, feeds_for(graph, rng, {"batch": 2, "seq": 3}), opset=23)
     assert ops_of(model) == Counter({"Attention": 1})
