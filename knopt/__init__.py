@@ -58,14 +58,20 @@ def load(source: str | os.PathLike[str] | bytes, dims: Mapping[str, int] | None 
 
 
 def save(
-    graph: Graph, path: str | os.PathLike[str] | None = None, *, opset: int = 18
+    graph: Graph,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    opset: int = 18,
+    target: str = "onnx",
 ) -> ModelProto:
-    """Export an IR graph as a standard ONNX model that onnxruntime can run.
+    """Export an IR graph as ONNX: recognised patterns as fused ops, broadcasts implicit.
 
     Args:
         graph: The graph; symbolic sizes stay symbolic (dynamic axes keep working).
         path: Where to write the model, or None to only return it.
         opset: The version of the default ONNX domain to write (18 or newer).
+        target: "onnx" for standard ops only; "onnxruntime" to also use onnxruntime's
+            com.microsoft fused ops.
 
     Raises:
         UnsupportedModelError: If the graph needs something the opset lacks.
@@ -73,7 +79,7 @@ def save(
     """
     from knopt.onnx.export import save_onnx
 
-    return save_onnx(graph, path, opset=opset)
+    return save_onnx(graph, path, opset=opset, target=target)
 
 
 def optimize(graph: Graph, **options: Any) -> OptimizeResult:

@@ -48,13 +48,14 @@ def _gelu(em: Emitter, x: str, dtype: DType) -> str:
 def _gelu_tanh(em: Emitter, x: str, dtype: DType) -> str:
     if em.opset >= _GELU_OPSET:
         return em.op("Gelu", [x], approximate="tanh")
-    # x/2 * (1 + tanh(sqrt(2 / pi) * x * (1 + 0.044715 x^2))), the spelling onnxruntime's
-    # FastGeluFusion recognises at any opset (its x^3 spelling needs Pow from before opset 15).
+    # x/2 * (1 + tanh(sqrt(2 / pi) x * (1 + 0.044715 x^2))): the spelling onnxruntime's
+    # FastGeluFusion recognises at any opset (its x^3 spelling needs Pow from before opset
+    # 15), with operands in the order knopt's rules read back as GELU.
     inner = em.op("Mul", [em.op("Mul", [x, em.scalar(0.044715, dtype)]), x])
     scaled = em.op("Mul", [x, em.scalar(_SQRT_2_OVER_PI, dtype)])
-    tanh = em.op("Tanh", [em.op("Mul", [em.op("Add", [inner, em.scalar(1.0, dtype)]), scaled])])
+    tanh = em.op("Tanh", [em.op("Mul", [scaled, em.op("Add", [inner, em.scalar(1.0, dtype)])])])
     one_plus = em.op("Add", [tanh, em.scalar(1.0, dtype)])
-    return em.op("Mul", [one_plus, em.op("Mul", [x, em.scalar(0.5, dtype)])])
+    return em.op("Mul", [em.op("Mul", [x, em.scalar(0.5, dtype)]), one_plus])
 
 
 UNARY_EXPORTERS: dict[Unary, UnaryExporter] = {
