@@ -20,6 +20,7 @@ from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Value
 from knopt.ir.shape import Sym
 from knopt.onnx.emitter import Emitter
+from knopt.onnx.export_attention import ATTENTION_PATTERNS
 from knopt.onnx.export_fused import STANDARD, Patterns
 from knopt.onnx.export_layout import HANDLERS
 from knopt.onnx.export_ort import ORT_PATTERNS
@@ -132,10 +133,11 @@ def write_model(graph: Graph, opset: int, target: Target) -> onnx.ModelProto:
 
 def patterns_for(target: Target) -> Patterns:
     """The patterns to try, by the op class of the node they end at, most specific first."""
-    patterns = {op_class: list(found) for op_class, found in STANDARD.items()}
-    if target is Target.ONNXRUNTIME:
-        for op_class, found in ORT_PATTERNS.items():
-            patterns[op_class] = [*found, *patterns.get(op_class, [])]
+    tables = [ORT_PATTERNS] if target is Target.ONNXRUNTIME else []
+    patterns: Patterns = {}
+    for table in [*tables, STANDARD, ATTENTION_PATTERNS]:
+        for op_class, found in table.items():
+            patterns.setdefault(op_class, []).extend(found)
     return patterns
 
 

@@ -21,12 +21,11 @@ import numpy as np
 from knopt.ir import op as ops
 from knopt.ir.graph import Node, Value
 from knopt.ir.op import Binary, Unary
+from knopt.onnx.export_attention import attention_mask, merged_heads
 from knopt.onnx.export_fused import (
     Patterns,
     absorbed,
-    attention_mask,
     is_binary,
-    merged_heads,
     norm_affine,
     operand_pairs,
     trailing,
