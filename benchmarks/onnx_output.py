@@ -3,7 +3,9 @@
     python benchmarks/onnx_output.py               # table, and a new entry in RESULTS.md
     python benchmarks/onnx_output.py --no-record --runs 100 bert gpt2
 
-For every committed fixture model (tests/fixtures/models) and knopt's demo: the onnxruntime CPU
+For every committed fixture model (tests/fixtures/models), knopt's demo and models derived from
+fixtures with onnxruntime's own tools (float16 weights and activations, QDQ static and dynamic
+int8 quantization, made in a temporary folder at the start): the onnxruntime CPU
 latency (ORT_ENABLE_ALL, one intra-op thread and onnxruntime's default, the median of many runs)
 of the original and of knopt's output for `--target onnx` and `--target onnxruntime`, all
 sessions of one model in one process, run interleaved; and the node counts of the original,
@@ -38,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 DATE = datetime.date.today().isoformat()  # the day the numbers are measured
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 SECTION = "## ONNX output in onnxruntime"
-TRANSFORMERS = ("bert", "gpt2", "llama", "vit")
+TRANSFORMERS = ("bert", "gpt2", "llama", "vit")  # the transformer architectures (float32)
 SESSIONS = ("original", "again", "onnx", "onnxruntime")  # "again": the original, for noise
 
 
@@ -125,13 +127,57 @@ def _error(original: Any, written: Any, feeds: dict[str, np.ndarray]) -> float:
     return worst
 
 
-def _models() -> list[tuple[str, Path, dict[str, np.ndarray]]]:
+def _models(folder: Path) -> list[tuple[str, Path, dict[str, np.ndarray]]]:
     from tests.models import fixtures
 
     models = [(f.file, f.path, f.feeds()) for f in fixtures()]
     demo = ROOT / "knopt" / "data" / "demo.onnx"
     models.append(("demo.onnx", demo, _random_feeds(demo)))
-    return models
+    return models + _derived(folder)
+
+
+def _derived(folder: Path) -> list[tuple[str, Path, dict[str, np.ndarray]]]:
+    """Float16, QDQ and dynamically quantized variants of fixtures, made by onnxruntime's tools."""
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    from tests.models import fixtures
+
+    by_file = {f.file: f for f in fixtures()}
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self, file: str) -> None:
+            self.feeds = iter([by_file[file].feeds(seed=seed) for seed in range(8)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
+
+    made = []
+    for model in ("bert", "convnext"):
+        base = by_file[f"{model}_dynamo18.onnx"]
+        half = OnnxModel(convert_float_to_float16(onnx.load(base.path), keep_io_types=True))
+        half.topological_sort()  # the converter leaves its input casts after their readers
+        path = folder / f"{model}_fp16.onnx"
+        onnx.save(half.model, path)
+        made.append((path.name, path, base.feeds()))
+    base = by_file["resnet_dynamo18.onnx"]
+    path = folder / "resnet_qdq.onnx"
+    with contextlib.redirect_stderr(io.StringIO()):
+        quantize_static(base.path, path, Calibration(base.file), quant_format=QuantFormat.QDQ)
+    made.append((path.name, path, base.feeds()))
+    base = by_file["bert_dynamo18.onnx"]
+    path = folder / "bert_dynamic_int8.onnx"
+    quantize_dynamic(base.path, path, weight_type=QuantType.QInt8)
+    made.append((path.name, path, base.feeds()))
+    return made
 
 
 def _random_feeds(path: Path) -> dict[str, np.ndarray]:
@@ -154,7 +200,7 @@ def measure(names: list[str], runs: int) -> list[Row]:
 
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for file, path, feeds in _models():
+        for file, path, feeds in _models(Path(folder)):
             if names and not any(name in file for name in names):
                 continue
             original = onnx.load(path)
@@ -221,7 +267,7 @@ def _table(rows: list[Row]) -> list[str]:
 
 
 def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
 def _summary(rows: list[Row]) -> list[str]:
@@ -252,7 +298,7 @@ def _summary(rows: list[Row]) -> list[str]:
 
 
 def _is_transformer(row: Row) -> bool:
-    return row.file.startswith(TRANSFORMERS)
+    return row.file.startswith(TRANSFORMERS) and "_fp16" not in row.file and "int8" not in row.file
 
 
 def _record(rows: list[Row], runs: int) -> None:

@@ -7,6 +7,7 @@ pattern does not fit an op's constraints it returns None and the standard spelli
 - LayerNorm of a sum (times a scale, plus a bias): SkipLayerNormalization, which also returns
   the sum for the residual path and absorbs a bias added to one operand; RmsNorm of a sum
   times a scale: SkipSimplifiedLayerNormalization.
+- Conv (plus a channel bias) then Relu, Clip, Sigmoid or Tanh: FusedConv.
 - GELU (plus a bias before it): Gelu, BiasGelu; the tanh GELU: FastGelu (with its bias);
   SiLU: QuickGelu with alpha 1.
 - Attention over heads split from `[batch, sequence, hidden]` values and merged back after:
@@ -25,13 +26,14 @@ from knopt.onnx.export_attention import attention_mask, merged_heads
 from knopt.onnx.export_fused import (
     Patterns,
     absorbed,
+    channel_vector,
     is_binary,
     norm_affine,
     operand_pairs,
     trailing,
 )
 from knopt.onnx.export_layout import reshape
-from knopt.onnx.export_ops import ones
+from knopt.onnx.export_ops import conv_attributes, ones
 from knopt.onnx.writer import Rep, Writer
 
 MS_DOMAIN = "com.microsoft"
@@ -139,6 +141,66 @@ def _quick_gelu(w: Writer, node: Node) -> Rep | None:
         return None
     rep = w.rep(node.inputs[0])
     return Rep(rep.shape, w.em.op("QuickGelu", [w.rep_name(rep)], domain=MS_DOMAIN, alpha=1.0))
+
+
+# ---- convolutions ------------------------------------------------------------------------
+
+
+def _activation(node: Node) -> tuple[str, list[float]] | None:
+    """FusedConv's name and parameters for the activation `node` computes."""
+    op = node.op
+    if isinstance(op, ops.UnaryOp) and op.kind in _CONV_ACTIVATIONS:
+        return _CONV_ACTIVATIONS[op.kind], []
+    if isinstance(op, ops.Clamp) and np.isfinite(op.lo) and np.isfinite(op.hi):
+        return "Clip", [op.lo, op.hi]
+    if isinstance(op, ops.Clamp) and op.lo == 0 and op.hi == np.inf:
+        return "Relu", []
+    return None
+
+
+_CONV_ACTIVATIONS = {Unary.RELU: "Relu", Unary.SIGMOID: "Sigmoid", Unary.TANH: "Tanh"}
+
+
+def _fused_conv(w: Writer, node: Node) -> Rep | None:
+    """Conv, plus a channel bias, then an activation: FusedConv.
+
+    A residual added before the activation stays an Add: as FusedConv's input Z it kept
+    onnxruntime from its NCHWc convolutions, and ResNet ran 6-8% slower
+    (benchmarks/onnx_output.py, one and two threads).
+    """
+    if (activation := _activation(node)) is None or not node.output.dtype.is_float:
+        return None
+    (y,) = node.inputs
+    conv = _conv_with_bias(w, y, node)
+    if conv is None:
+        return None
+    conv_node, bias = conv
+    assert isinstance(conv_node.op, ops.Conv)
+    kind, params = activation
+    args = [*(w.exact(v) for v in conv_node.inputs), *([bias] if bias else [])]
+    name = w.em.op(
+        "FusedConv",
+        args,
+        domain=MS_DOMAIN,
+        activation=kind,
+        activation_params=params or None,
+        **conv_attributes(conv_node.op),
+    )
+    return w.output(node, name)
+
+
+def _conv_with_bias(w: Writer, value: Value, reader: Node) -> tuple[Node, str] | None:
+    """The Conv node computing `value`, and its bias vector ('' for none)."""
+    if (conv := absorbed(w, value, reader, ops.Conv)) is not None:
+        return conv, ""
+    add = absorbed(w, value, reader, ops.BinaryOp)
+    if add is None or not is_binary(add, Binary.ADD):
+        return None
+    for inner, bias in operand_pairs(add):
+        conv = absorbed(w, inner, add, ops.Conv)
+        if conv is not None and (vector := channel_vector(w, bias, value.shape)) is not None:
+            return conv, vector
+    return None
 
 
 # ---- attention ---------------------------------------------------------------------------
@@ -281,7 +343,8 @@ def _single_head(w: Writer, node: Node) -> Rep | None:
 
 ORT_PATTERNS: Patterns = {
     ops.BinaryOp: [_skip_layer_norm, _skip_rms_norm],
-    ops.UnaryOp: [_gelu, _quick_gelu],
+    ops.UnaryOp: [_fused_conv, _gelu, _quick_gelu],
+    ops.Clamp: [_fused_conv],
     ops.View: [_merged_heads],
     ops.Attention: [_single_head],
 }

@@ -223,3 +223,42 @@ def test_single_head_attention_is_multi_head_attention_of_one_head(
     graph = graph_of(build)
     model = check(graph, _feeds(graph, rng), target="onnxruntime")
     assert ms_ops(model) == Counter({"MultiHeadAttention": 1})
+
+
+# ---- convolutions --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("activation", "kind"),
+    [("relu", "Relu"), ("clip", "Clip"), ("sigmoid", "Sigmoid"), ("tanh", "Tanh")],
+)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("residual", [False, True])
+def test_conv_then_activation_is_fused_conv(
+    rng: np.random.Generator, activation: str, kind: str, bias: bool, residual: bool
+) -> None:
+    def build(b: GraphBuilder) -> None:
+        x = b.input("x", (BATCH, 4, 7, 7), F32)
+        weights = constant(b, rng, (6, 2, 3, 3))
+        y = b.conv(x, weights, strides=(1, 1), pads=((1, 1), (1, 1)), dilations=(1, 1), groups=2)
+        if bias:
+            y = b.add(y, constant(b, rng, (6, 1, 1)))
+        if residual:
+            y = b.add(y, b.input("skip", (BATCH, 6, 7, 7), F32))
+        if activation == "relu":
+            y = b.unary(Unary.RELU, y)
+        elif activation == "clip":
+            y = b.clamp(y, lo=0.0, hi=6.0)
+        else:
+            y = b.unary(Unary.SIGMOID if activation == "sigmoid" else Unary.TANH, y)
+        b.output(y, "y")
+
+    graph = graph_of(build)
+    model = _check(graph, rng, batch=2)
+    if residual:  # a residual keeps the Conv standard: onnxruntime's NCHWc kernels fuse it
+        assert not ms_ops(model)
+        return
+    assert ms_ops(model) == Counter({"FusedConv": 1})
+    assert len(model.graph.node) == 1
+    (conv,) = model.graph.node
+    assert [a.s.decode() for a in conv.attribute if a.name == "activation"] == [kind]
