@@ -14,6 +14,8 @@ computed twice; the nodes it absorbs were written already and are dropped as unr
   input, which ONNX broadcasts.
 - a sum times 1/N (or over N): ReduceMean, or GlobalAveragePool over every spatial axis;
   `x - max - log(sum(exp(x - max)))`: LogSoftmax.
+- the importer's rounding, shifting and saturating to 8 bits: QuantizeLinear; an 8-bit value
+  minus its zero point times a scale: DequantizeLinear (per tensor).
 - Slices that tile an axis: one Split; Gathers that repeat elements along two or more spatial
   axes (nearest upsampling): one Resize.
 """
@@ -26,6 +28,7 @@ from collections.abc import Callable
 import numpy as np
 
 from knopt.ir import op as ops
+from knopt.ir.dtype import DType
 from knopt.ir.graph import Node, Value
 from knopt.ir.op import Binary, Reduction, Unary
 from knopt.ir.shape import Shape
@@ -298,6 +301,102 @@ def _log_softmax(w: Writer, node: Node) -> Rep | None:
     return w.output(node, w.em.op("LogSoftmax", [w.exact(x)], axis=summed[1]))
 
 
+# ---- quantization ------------------------------------------------------------------------
+
+_QUANTIZED = {DType.I8: (-128.0, 127.0), DType.U8: (0.0, 255.0)}
+
+
+def _unary_of(value: Value, kind: Unary) -> Value | None:
+    op = value.producer.op
+    if isinstance(op, ops.UnaryOp) and op.kind is kind:
+        return value.producer.inputs[0]
+    return None
+
+
+def _quantize_linear(w: Writer, node: Node) -> Rep | None:
+    """Rounding `x / scale` plus a zero point, saturated to 8 bits: QuantizeLinear.
+
+    The importer's spelling (NaN mapped to the lowest value, through int32), exactly: what the
+    optimizer made of the division is kept, since `x / scale` and `x * (1 / scale)` round
+    differently at ties.
+    """
+    op = node.op
+    if not isinstance(op, ops.Cast) or op.dtype not in _QUANTIZED:
+        return None
+    (wide,) = node.inputs
+    if not isinstance(wide.producer.op, ops.Cast) or wide.producer.op.dtype is not DType.I32:
+        return None
+    select = wide.producer.inputs[0].producer
+    if (
+        not isinstance(select.op, ops.Where)
+        or select.inputs[2] is not select.inputs[0].producer.inputs[0]
+    ):
+        return None
+    bounded = select.inputs[2]
+    clamp = bounded.producer.op
+    if _unary_of(select.inputs[0], Unary.IS_NAN) is None or not isinstance(clamp, ops.Clamp):
+        return None
+    if (clamp.lo, clamp.hi) != _QUANTIZED[op.dtype]:
+        return None
+    rounded, zero = bounded.producer.inputs[0], 0.0
+    if is_binary(rounded.producer, Binary.ADD):
+        rounded, shift = rounded.producer.inputs
+        if (found := splat(w, shift)) is None:
+            return None
+        zero = found
+    scaled = _unary_of(rounded, Unary.ROUND)
+    if scaled is None or scaled.dtype is not DType.F32:
+        return None
+    # A division by the scale is the op's own; anything else (a product by 1 / scale, or a
+    # scale the optimizer moved into a Conv's weights) is computed before, and divided by 1.
+    x, scale = scaled, 1.0
+    if is_binary(scaled.producer, Binary.DIV) and (found := splat(w, scaled.producer.inputs[1])):
+        x, scale = scaled.producer.inputs[0], found
+    args = [w.exact(x), w.em.scalar(scale, DType.F32), w.em.scalar(zero, op.dtype)]
+    return w.output(node, w.em.op("QuantizeLinear", args))
+
+
+def _dequantize_linear(w: Writer, node: Node) -> Rep | None:
+    """`(q - zero) * scale` of an 8-bit q, or `q * scale - zero * scale`: DequantizeLinear."""
+    product, offset = node, 0.0
+    if is_binary(node, Binary.ADD):
+        for candidate, shift in operand_pairs(node):
+            if is_binary(candidate.producer, Binary.MUL) and (found := splat(w, shift)) is not None:
+                product, offset = candidate.producer, found
+                break
+        else:
+            return None
+    if not is_binary(product, Binary.MUL):
+        return None
+    for shifted, factor in operand_pairs(product):
+        scale = splat(w, factor)
+        if not scale:
+            continue
+        zero, widened = -offset / scale, shifted
+        if product is node and is_binary(shifted.producer, Binary.SUB):
+            widened, shift = shifted.producer.inputs
+            zero = splat(w, shift) or 0.0
+        operands = _dequantized(w, widened, zero)
+        if operands is not None:
+            args = [operands[0], w.em.scalar(scale, DType.F32), operands[1]]
+            return w.output(node, w.em.op("DequantizeLinear", args))
+    return None
+
+
+def _dequantized(w: Writer, widened: Value, zero: float) -> tuple[str, str] | None:
+    """The 8-bit value `widened` is cast from, and `zero` as its zero point, if it fits."""
+    cast = widened.producer
+    if not isinstance(cast.op, ops.Cast) or cast.op.dtype is not DType.F32:
+        return None
+    (q,) = cast.inputs
+    if q.dtype not in _QUANTIZED or zero != round(zero):
+        return None
+    lo, hi = _QUANTIZED[q.dtype]
+    if not lo <= zero <= hi:
+        return None
+    return w.exact(q), w.em.scalar(zero, q.dtype)
+
+
 # ---- layout ------------------------------------------------------------------------------
 
 
@@ -377,7 +476,16 @@ def _nearest_upsampling(w: Writer, node: Node) -> Rep | None:
 
 
 STANDARD: Patterns = {
-    ops.BinaryOp: [_layer_norm, _rms_norm, _conv_bias, _gemm, _mean, _log_softmax],
+    ops.BinaryOp: [
+        _dequantize_linear,
+        _layer_norm,
+        _rms_norm,
+        _conv_bias,
+        _gemm,
+        _mean,
+        _log_softmax,
+    ],
+    ops.Cast: [_quantize_linear],
     ops.View: [_unflattened_product],
     ops.Slice: [_split],
     ops.Gather: [_nearest_upsampling],
