@@ -22,6 +22,7 @@ from knopt.ir.shape import Sym
 from knopt.onnx.emitter import Emitter
 from knopt.onnx.export_attention import ATTENTION_PATTERNS
 from knopt.onnx.export_fused import STANDARD, Patterns
+from knopt.onnx.export_integer import INTEGER_PATTERNS
 from knopt.onnx.export_layout import HANDLERS
 from knopt.onnx.export_ort import ORT_PATTERNS
 from knopt.onnx.export_tidy import without_unused
@@ -135,7 +136,7 @@ def patterns_for(target: Target) -> Patterns:
     """The patterns to try, by the op class of the node they end at, most specific first."""
     tables = [ORT_PATTERNS] if target is Target.ONNXRUNTIME else []
     patterns: Patterns = {}
-    for table in [*tables, STANDARD, ATTENTION_PATTERNS]:
+    for table in [*tables, STANDARD, ATTENTION_PATTERNS, INTEGER_PATTERNS]:
         for op_class, found in table.items():
             patterns.setdefault(op_class, []).extend(found)
     return patterns

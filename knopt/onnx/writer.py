@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from knopt.ir.graph import Graph, Node, Value
-from knopt.ir.op import Constant
 from knopt.ir.shape import Dim, Shape, is_static
 from knopt.onnx.emitter import Emitter
 
@@ -179,9 +178,3 @@ class Writer:
     def output(self, node: Node, name: str) -> Rep:
         """The rep of a node's result computed as the ONNX value `name` of its exact shape."""
         return Rep(node.output.shape, name)
-
-
-def constant_of(value: Value) -> np.ndarray | None:
-    """The array of a Constant node's result (not of constants derived from it)."""
-    op = value.producer.op
-    return op.data.array if isinstance(op, Constant) else None
