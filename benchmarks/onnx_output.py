@@ -292,13 +292,29 @@ def _summary(rows: list[Row]) -> list[str]:
         lines.append(
             f"- `--target {target}` nodes at most onnxslim's on {fewer} of {len(slim)} models."
         )
-    worst_error = max(r.error for r in rows)
-    lines.append(f"- Largest output difference, relative to the output's range: {worst_error:.1e}.")
+    for label, members in (
+        ("float32", [r for r in rows if _kind(r) == "float32"]),
+        ("float16", [r for r in rows if _kind(r) == "float16"]),
+        ("quantized", [r for r in rows if _kind(r) == "quantized"]),
+    ):
+        if members:
+            worst = max(members, key=lambda r: r.error)
+            lines.append(
+                f"- Largest output difference of the {label} models, relative to the largest "
+                f"output: {worst.error:.1e} ({worst.file})."
+            )
     return lines
 
 
+def _kind(row: Row) -> str:
+    """float32, float16 or quantized: what the model computes in."""
+    if "_fp16" in row.file:
+        return "float16"
+    return "quantized" if "_qdq" in row.file or "int8" in row.file else "float32"
+
+
 def _is_transformer(row: Row) -> bool:
-    return row.file.startswith(TRANSFORMERS) and "_fp16" not in row.file and "int8" not in row.file
+    return row.file.startswith(TRANSFORMERS) and _kind(row) == "float32"
 
 
 def _record(rows: list[Row], runs: int) -> None:
