@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from knopt.opt.rules import read_rule_file
+from knopt.opt.rules import generated_rules, read_rule_file
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -53,11 +53,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--strict", action="store_true", help="fail (exit 1) when a rule could not be checked, too"
     )
     parser.add_argument("--quiet", action="store_true", help="print only what is not sound")
+    parser.add_argument(
+        "--show-generated",
+        action="store_true",
+        help="print the rules generated at load time from schema.egg (the per-op laws of "
+        "knopt/opt/laws.py) and exit",
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Check the rules and print one line per rule, then a summary."""
+    if args.show_generated:
+        return _show_generated()
     from knopt.testing.rulecheck import SOUND, UNCHECKED, UNSOUND, RuleReport, check_rules
 
     extra = [read_rule_file(path) for path in args.files]
@@ -90,3 +98,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"{verdict}: {', '.join(verdicts[verdict])}", file=sys.stderr)
     failed = bool(verdicts[UNSOUND]) or (args.strict and bool(verdicts[UNCHECKED]))
     return 1 if failed else 0
+
+
+def _show_generated() -> int:
+    """Print, per shipped rule file, the rules generated into it."""
+    for name, sections in generated_rules().items():
+        for text in sections:
+            print(f";; ---- in {name} ----\n{text}\n")
+    return 0

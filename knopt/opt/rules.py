@@ -8,6 +8,7 @@ unless they declare and schedule their own.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 from egglog import bindings as eb
 
 from knopt.errors import RuleFileError
+from knopt.opt.laws import expand_laws, generated_sections, read_constructors
 
 RULE_FILES = (
     "schema.egg",
@@ -63,9 +65,23 @@ def rules_dir() -> Any:
 
 
 def shipped_rule_files() -> list[RuleFile]:
-    """The shipped rule files, in load order."""
-    folder = rules_dir()
-    return [RuleFile(name, (folder / name).read_text()) for name in RULE_FILES]
+    """The shipped rule files, in load order, with their generated rules (`knopt.opt.laws`)."""
+    return list(_shipped())
+
+
+@functools.cache
+def _shipped() -> tuple[RuleFile, ...]:
+    texts = [(name, (rules_dir() / name).read_text()) for name in RULE_FILES]
+    constructors = read_constructors(texts[0][1])
+    return tuple(RuleFile(name, expand_laws(text, constructors, name)) for name, text in texts)
+
+
+def generated_rules() -> dict[str, list[str]]:
+    """Per shipped rule file, the text of the rules generated into it (for rule authors)."""
+    texts = {name: (rules_dir() / name).read_text() for name in RULE_FILES}
+    constructors = read_constructors(texts[RULE_FILES[0]])
+    found = {name: generated_sections(text, constructors) for name, text in texts.items()}
+    return {name: sections for name, sections in found.items() if sections}
 
 
 def read_rule_file(path: str | Path) -> RuleFile:
