@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from knopt.errors import RuleFileError
 from knopt.opt.rules import generated_rules, read_rule_file
 
 
@@ -19,7 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Instantiate the left side of every named rule with random shapes and "
         "values, apply the rule alone, and compare both sides on the CPU executor. With "
         "FILE.egg arguments, only the rules of those files are checked (after the shipped "
-        "rules load). Exit status 1 if a rule is unsound (or, with --strict, unchecked).",
+        "rules load). Exit status 1 if a rule is unsound (or, with --strict, unchecked), or if "
+        "a file is refused as `optimize --rules` refuses it.",
     )
     parser.add_argument(
         "files",
@@ -78,15 +80,19 @@ def run(args: argparse.Namespace) -> int:
         if report.counterexample:
             print("    " + report.counterexample.replace("\n", "\n    "), flush=True)
 
-    reports = check_rules(
-        extra,
-        only_extra=bool(extra),
-        names=args.rule,
-        instances=args.instances,
-        seed=args.seed,
-        jobs=args.jobs,
-        progress=progress,
-    )
+    try:
+        reports = check_rules(
+            extra,
+            only_extra=bool(extra),
+            names=args.rule,
+            instances=args.instances,
+            seed=args.seed,
+            jobs=args.jobs,
+            progress=progress,
+        )
+    except RuleFileError as err:
+        print(f"REFUSED   {err}", file=sys.stderr)
+        return 1
     verdicts = {v: [r.name for r in reports if r.verdict == v] for v in (SOUND, UNSOUND, UNCHECKED)}
     summary = (
         f"{len(reports)} rules in {time.perf_counter() - began:.0f} s: {len(verdicts[SOUND])} "

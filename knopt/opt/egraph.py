@@ -17,7 +17,7 @@ from egglog import bindings as eb
 
 from knopt.errors import OptimizeError, RuleFileError
 from knopt.ir.graph import Graph
-from knopt.opt.rules import RuleFile, load_rules, parse_rules, schedule_file, shipped_rule_files
+from knopt.opt.rules import RuleFile, load_rules, schedule_file, shipped_rule_files
 from knopt.opt.serialized import EGraphData, ENode, locate_terms, parse_egraph
 from knopt.opt.terms import SPAN, TermTables, graph_commands
 
@@ -152,12 +152,9 @@ def saturate(
 
 
 def check_rule_files(files: Sequence[RuleFile]) -> None:
-    """Parse and type-check rule files after the shipped ones, without running anything.
+    """Load rule files after the shipped ones as `saturate` does, without running anything.
 
     Raises:
-        RuleFileError: If one of them is malformed.
+        RuleFileError: If `optimize` would refuse one of them.
     """
-    egraph = eb.EGraph()
-    load_rules(egraph, shipped_rule_files())
-    for rule_file in files:
-        _run(egraph, parse_rules(egraph, rule_file), rule_file.name)
+    load_rules(eb.EGraph(), [*shipped_rule_files(), *files])

@@ -2,8 +2,9 @@
 
 The shipped rule files live in `rules/` (package data `knopt/rules`), read in the order of
 `RULE_FILES`, `schema.egg` first; `schedule.egg` is the only file that runs anything. User rule
-files (`--rules extra.egg`) are loaded after the shipped ones and run in the `algebra` ruleset
-unless they declare and schedule their own.
+files (`--rules extra.egg`) are loaded after the shipped ones; their rules run in `algebra` or
+`fusion` (or egglog's default ruleset, which each algebra round runs), never in a ruleset the
+schedule saturates, and they hold no top-level actions. Every rule has a `:name`.
 """
 
 from __future__ import annotations
@@ -53,10 +54,11 @@ _FORBIDDEN = {
 
 @dataclass(frozen=True)
 class RuleFile:
-    """One rule file's name and text."""
+    """One rule file's name and text; `shipped` files are knopt's own (base facts allowed)."""
 
     name: str
     text: str
+    shipped: bool = False
 
 
 def rules_dir() -> Any:
@@ -70,18 +72,37 @@ def shipped_rule_files() -> list[RuleFile]:
 
 
 @functools.cache
+def shipped_sources() -> dict[str, str]:
+    """The text of each shipped rule file as written (before its rules are generated)."""
+    return {name: (rules_dir() / name).read_text() for name in RULE_FILES}
+
+
+@functools.cache
 def _shipped() -> tuple[RuleFile, ...]:
-    texts = [(name, (rules_dir() / name).read_text()) for name in RULE_FILES]
-    constructors = read_constructors(texts[0][1])
-    return tuple(RuleFile(name, expand_laws(text, constructors, name)) for name, text in texts)
+    texts = shipped_sources()
+    constructors = read_constructors(texts[RULE_FILES[0]])
+    return tuple(
+        RuleFile(name, expand_laws(text, constructors, name), shipped=True)
+        for name, text in texts.items()
+    )
 
 
 def generated_rules() -> dict[str, list[str]]:
     """Per shipped rule file, the text of the rules generated into it (for rule authors)."""
-    texts = {name: (rules_dir() / name).read_text() for name in RULE_FILES}
+    texts = shipped_sources()
     constructors = read_constructors(texts[RULE_FILES[0]])
     found = {name: generated_sections(text, constructors) for name, text in texts.items()}
     return {name: sections for name, sections in found.items() if sections}
+
+
+def rule_names(command: Any) -> list[str]:
+    """The names of the rules a command adds, as egglog reports them (none if no rule)."""
+    rule = rule_of(command)
+    if rule is None:
+        return []
+    if isinstance(command, eb.BiRewriteCommand):
+        return [f"{rule.name}=>", f"{rule.name}<="]
+    return [rule.name]
 
 
 def read_rule_file(path: str | Path) -> RuleFile:
@@ -99,32 +120,105 @@ def read_rule_file(path: str | Path) -> RuleFile:
 
 def schedule_file() -> RuleFile:
     """The shipped schedule."""
-    return RuleFile(SCHEDULE_FILE, (rules_dir() / SCHEDULE_FILE).read_text())
+    return RuleFile(SCHEDULE_FILE, (rules_dir() / SCHEDULE_FILE).read_text(), shipped=True)
 
 
 def parse_rules(egraph: eb.EGraph, rule_file: RuleFile) -> list[Any]:
-    """Parse one rule file into commands, rejecting anything but declarations and rules.
+    """Parse one rule file into commands, rejecting anything but declarations and named rules.
+
+    A user's file (not shipped) may also not hold top-level actions, nor put rules in a
+    ruleset the schedule saturates.
 
     Raises:
-        RuleFileError: If the file does not parse or runs, checks or extracts something.
+        RuleFileError: If the file does not parse, runs, checks or extracts something, has a
+            rule without a `:name`, or (a user's file) breaks one of the two rules above.
     """
     try:
         commands = egraph.parse_program(rule_file.text, filename=rule_file.name)
     except eb.EggSmolError as err:
         raise RuleFileError(f"{rule_file.name}: {err}") from err
     for command in commands:
-        kind = type(command).__name__
-        what = _FORBIDDEN.get(kind)
-        if isinstance(command, eb.UserDefined):
-            what = command.name  # run-schedule, extract and the other experimental commands
-        elif kind == "ActionCommand" and str(command).startswith("(let "):
-            what = "let"  # a global term would be added to every e-graph
-        if what is not None:
-            raise RuleFileError(
-                f"{rule_file.name}: `{what}` is not allowed in a rule file; rule files hold "
-                f"declarations and rules, and {SCHEDULE_FILE} runs them"
-            )
+        _refuse_command(rule_file, command)
+        rule = rule_of(command)
+        if rule is not None:
+            _check_rule(rule_file, command, rule)
     return commands
+
+
+def _refuse_command(rule_file: RuleFile, command: Any) -> None:
+    """Raise if a command is one that no rule file (or no user's rule file) may hold."""
+    what = _FORBIDDEN.get(type(command).__name__)
+    if isinstance(command, eb.UserDefined):
+        what = command.name  # run-schedule, extract and the other experimental commands
+    elif isinstance(command, eb.ActionCommand) and isinstance(command.action, eb.Let):
+        what = "let"  # a global term would be added to every e-graph
+    if what is not None:
+        raise RuleFileError(
+            f"{rule_file.name}: `{what}` is not allowed in a rule file; rule files hold "
+            f"declarations and rules, and {SCHEDULE_FILE} runs them"
+        )
+    if isinstance(command, eb.ActionCommand) and not rule_file.shipped:
+        span = command.action.span
+        raise RuleFileError(
+            f"{rule_file.name}, line {_line(rule_file, span)}: the top-level action "
+            f"`{_snippet(rule_file, span)}` is not allowed in a user's rule file: it would "
+            "change every e-graph, unchecked; state it as a named rule that check-rules can check"
+        )
+
+
+def rule_of(command: Any) -> Any:
+    """The rule (or rewrite) a command adds, or None."""
+    return getattr(command, "rule", None) or getattr(command, "rewrite", None)
+
+
+def ruleset_of(command: Any) -> str:
+    """The ruleset a rule command puts its rule in ('' for egglog's default ruleset)."""
+    rule = getattr(command, "rule", None)
+    return str(rule.ruleset if rule is not None else command.name)
+
+
+def _check_rule(rule_file: RuleFile, command: Any, rule: Any) -> None:
+    if not rule.name:
+        raise RuleFileError(
+            f"{rule_file.name}, line {_line(rule_file, rule.span)}: the rule "
+            f"`{_snippet(rule_file, rule.span)}` has no :name; give every rule a unique "
+            ':name "..." so that reports, --explain and check-rules can name it'
+        )
+    ruleset = ruleset_of(command)
+    if not rule_file.shipped and ruleset in saturated_rulesets():
+        raise RuleFileError(
+            f"{rule_file.name}: rule {rule.name!r} joins ruleset `{ruleset}`, which the schedule "
+            f"saturates ({', '.join(sorted(saturated_rulesets()))}): a user's rule there could "
+            "run forever, and the rule checker trusts those facts; put it in `algebra` (or "
+            "no ruleset), or in `fusion`"
+        )
+
+
+def _line(rule_file: RuleFile, span: Any) -> int:
+    return rule_file.text.count("\n", 0, int(getattr(span, "i", 0))) + 1
+
+
+def _snippet(rule_file: RuleFile, span: Any, width: int = 60) -> str:
+    """The source text of a span, on one line, clipped to `width`."""
+    text = " ".join(rule_file.text[int(span.i) : int(span.j)].split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+@functools.cache
+def saturated_rulesets() -> frozenset[str]:
+    """The rulesets that schedule.egg saturates (run until nothing changes)."""
+    found: set[str] = set()
+
+    def walk(expr: Any, inside: bool) -> None:
+        if isinstance(expr, eb.Var) and inside:
+            found.add(expr.name)
+        for arg in getattr(expr, "args", ()):
+            walk(arg, inside or getattr(expr, "name", "") == "saturate")
+
+    schedule = schedule_file()
+    for command in eb.EGraph().parse_program(schedule.text, filename=schedule.name):
+        walk(command, False)
+    return frozenset(found)
 
 
 _RULE_NAME = re.compile(
@@ -153,11 +247,7 @@ def load_rules(egraph: eb.EGraph, files: Sequence[RuleFile]) -> None:
     defined: dict[str, str] = {}  # rule name -> file; egglog panics on a second definition
     for rule_file in files:
         commands = parse_rules(egraph, rule_file)
-        for command in commands:
-            body = getattr(command, "rule", None) or getattr(command, "rewrite", None)
-            if body is None:
-                continue
-            name = body.name or str(command)  # egglog names an unnamed rule by its text
+        for name in (name for command in commands for name in rule_names(command)):
             if name in defined:
                 raise RuleFileError(
                     f"{rule_file.name}: rule {name!r} is already defined in {defined[name]}; "

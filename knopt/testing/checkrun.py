@@ -11,7 +11,7 @@ the saturated analyses (`analysis`, `fold` and, for fusion rules, `fusion-facts`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from egglog import bindings as eb
 
@@ -112,7 +112,7 @@ def check_files(
         text = rule_file.text
         if rule_file.name == target.file:
             text = text[: target.form.start] + text[target.form.end :]
-        changed.append(RuleFile(rule_file.name, text))
+        changed.append(replace(rule_file, text=text))
     lines = [
         f"(ruleset {CHECK})",
         f"(ruleset {DEPS})",

@@ -22,16 +22,18 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from egglog import bindings as eb
 
 from knopt.cpu.executor import run_graph
-from knopt.errors import InvalidGraphError, KnoptError, OptimizeError
+from knopt.errors import InvalidGraphError, KnoptError, OptimizeError, RuleFileError
 from knopt.ir.bind import bind_symbols
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.graph import Graph, Value
 from knopt.ir.op import Input
 from knopt.ir.shape import static_dims
 from knopt.ir.text import format_graph
-from knopt.opt.rules import RuleFile, shipped_rule_files
+from knopt.opt.egraph import check_rule_files
+from knopt.opt.rules import RuleFile, parse_rules, rule_names, shipped_rule_files, shipped_sources
 from knopt.opt.serialized import Ref
 from knopt.testing.arrays import describe_inputs, random_inputs
 from knopt.testing.checkrun import CheckRun, run_check
@@ -337,6 +339,24 @@ def check_rule(
 
 # ---- every rule -------------------------------------------------------------------------------
 
+
+def _check_every_rule_is_read(book: Rulebook, files: Sequence[RuleFile]) -> None:
+    """Refuse a file if egglog would add a rule that the rule book does not hold.
+
+    Raises:
+        RuleFileError: Naming the rules that could not be read.
+    """
+    for rule_file in files:
+        added = [n for c in parse_rules(eb.EGraph(), rule_file) for n in rule_names(c)]
+        read = {r.name for r in book.rules if r.file == rule_file.name}
+        missing = [name for name in added if name not in read]
+        if missing:
+            raise RuleFileError(
+                f"{rule_file.name}: check-rules cannot read rules {missing}, so it refuses the "
+                "file rather than leave them unchecked"
+            )
+
+
 _WORKER: dict[str, Any] = {}
 
 
@@ -380,14 +400,19 @@ def check_rules(
         progress: Called with (done, total, report) as each rule finishes.
 
     Raises:
-        RuleFileError: If a rule file does not read.
+        RuleFileError: If `optimize --rules` would refuse one of the `extra` files (the same
+            error), or if a rule in one of them cannot be read for checking.
     """
     shipped = shipped_rule_files()
     # A shipped file passed as `extra` (`knopt check-rules rules/affine.egg`) selects its rules;
     # it is not loaded a second time.
-    same = {f.name: s.name for f in extra for s in shipped if f.text == s.text}
-    files = [*shipped, *(f for f in extra if f.name not in same)]
+    sources = shipped_sources()
+    same = {f.name: name for f in extra for name, text in sources.items() if f.text == text}
+    user = [f for f in extra if f.name not in same]
+    check_rule_files(user)
+    files = [*shipped, *user]
     book = read_rulebook(files)
+    _check_every_rule_is_read(book, user)
     extra_names = {same.get(f.name, f.name) for f in extra}
     chosen = [
         r.name

@@ -41,7 +41,16 @@ def test_an_unknown_rule_name_is_an_error() -> None:
         read_rulebook(shipped_rule_files()).rule("no-such-rule")
 
 
-def test_unnamed_rules_are_not_listed() -> None:
+def test_an_unnamed_rule_is_refused_not_skipped() -> None:
     extra = RuleFile("user.egg", "(rewrite (UnaryOp (NEG) (UnaryOp (NEG) x)) x)")
-    book = read_rulebook([*shipped_rule_files(), extra])
-    assert all(r.file != "user.egg" for r in book.rules)
+    with pytest.raises(RuleFileError, match=r"user\.egg: the rule at offset 0 has no :name"):
+        read_rulebook([*shipped_rule_files(), extra])
+
+
+def test_a_birewrite_is_two_rules_named_as_egglog_names_them() -> None:
+    extra = RuleFile(
+        "user.egg", '(birewrite (UnaryOp (NEG) (UnaryOp (NEG) x)) x :ruleset algebra :name "nn")'
+    )
+    rules = [r for r in read_rulebook([*shipped_rule_files(), extra]).rules if r.file == "user.egg"]
+    assert [r.name for r in rules] == ["nn=>", "nn<="]
+    assert rules[0].query[0][2] == rules[1].actions[0][2]
