@@ -36,7 +36,7 @@ from knopt.testing.sexpr import Expr, Lit, Sym, head
 CONSTANT_FACTS = frozenset({"folds", "coef"})  # a leaf in one of these is made a constant
 _SAME_TYPE = frozenset({"BinaryOp", "Where"})  # operands of one shape (and mostly one dtype)
 _INDEXED = {"Gather": 2, "Scatter": 3}  # ops with an index operand, and where their axis is
-_DTYPES = frozenset({"F32", "F64", "F16", "I8", "I16", "I32", "I64", "U8", "BOOL"})
+_DTYPES = frozenset({"F32", "F64", "F16", "I8", "I16", "I32", "I64", "U8", "U16", "BOOL"})
 
 
 SYMBOLIC = -1000  # what a repair sets a size to that must be symbolic (terms.py's sentinel)

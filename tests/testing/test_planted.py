@@ -72,6 +72,29 @@ PLANTED = {
     "redeclared-constructor": Planted(
         "(constructor View (T IVec) T)\n", "REFUSED", "Function already bound View"
     ),
+    # Wrong only when an integer sum or product wraps (the checker once drew integers in
+    # [-5, 5] of int32 and int64 only, and called the first of these sound).
+    "overflow-double-halve": Planted(
+        "(rewrite (BinaryOp (DIV) (BinaryOp (MUL) x (Splat 2.0 s d)) (Splat 2.0 s d)) x\n"
+        '         :when ((is-integer d)) :ruleset algebra :name "planted-double-halve")\n',
+        "UNSOUND",
+    ),
+    "overflow-u8-successor": Planted(
+        "(rewrite (BinaryOp (LESS) x (BinaryOp (ADD) x (Splat 1.0 s d))) (Splat 1.0 s (BOOL))\n"
+        '         :when ((= d (U8))) :ruleset algebra :name "planted-u8-successor")\n',
+        "UNSOUND",
+    ),
+    "overflow-i8-sum-cast": Planted(
+        "(rewrite (Cast (BinaryOp (ADD) x y) (F32))\n"
+        "         (BinaryOp (ADD) (Cast x (F32)) (Cast y (F32)))\n"
+        '         :when ((= (dtype x) (I8))) :ruleset algebra :name "planted-i8-sum-cast")\n',
+        "UNSOUND",
+    ),
+    "overflow-i16-square": Planted(
+        "(rewrite (BinaryOp (LESS) (BinaryOp (MUL) x x) (Splat 0.0 s d)) (Splat 0.0 s (BOOL))\n"
+        '         :when ((= d (I16))) :ruleset algebra :name "planted-i16-square")\n',
+        "UNSOUND",
+    ),
     # Both directions of a birewrite are rules; each is checked.
     "unsound-birewrite": Planted(
         "(birewrite (BinaryOp (SUB) x y) (BinaryOp (SUB) y x)\n"

@@ -122,6 +122,17 @@ def test_shipped_rules_of_every_kind_are_sound(name: str) -> None:
     assert report.checked > 0
 
 
+def test_checking_leaks_no_numpy_warnings() -> None:
+    # Its instances fill an int32 splat with 1e300, which numpy warns about.
+    text = """
+(rewrite (BinaryOp (ADD) x (Splat 1e300 s d)) (BinaryOp (ADD) (Splat 1e300 s d) x)
+         :when ((= d (I32))) :ruleset algebra :name "user-huge-splat-commutes")"""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _check(text, "user-huge-splat-commutes", instances=4)
+    assert [str(w.message) for w in caught] == []
+
+
 # ---- every shipped rule (CI) ------------------------------------------------------------------
 
 
