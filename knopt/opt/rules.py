@@ -95,16 +95,6 @@ def generated_rules() -> dict[str, list[str]]:
     return {name: sections for name, sections in found.items() if sections}
 
 
-def rule_names(command: Any) -> list[str]:
-    """The names of the rules a command adds, as egglog reports them (none if no rule)."""
-    rule = rule_of(command)
-    if rule is None:
-        return []
-    if isinstance(command, eb.BiRewriteCommand):
-        return [f"{rule.name}=>", f"{rule.name}<="]
-    return [rule.name]
-
-
 def read_rule_file(path: str | Path) -> RuleFile:
     """A user's rule file.
 
@@ -123,7 +113,15 @@ def schedule_file() -> RuleFile:
     return RuleFile(SCHEDULE_FILE, (rules_dir() / SCHEDULE_FILE).read_text(), shipped=True)
 
 
-def parse_rules(egraph: eb.EGraph, rule_file: RuleFile) -> list[Any]:
+@dataclass(frozen=True)
+class ParsedRules:
+    """A rule file's commands, and the names of the rules they add, as egglog reports them."""
+
+    commands: list[Any]
+    rule_names: list[str]
+
+
+def parse_rules(egraph: eb.EGraph, rule_file: RuleFile) -> ParsedRules:
     """Parse one rule file into commands, rejecting anything but declarations and named rules.
 
     A user's file (not shipped) may also not hold top-level actions, nor put rules in a
@@ -137,12 +135,18 @@ def parse_rules(egraph: eb.EGraph, rule_file: RuleFile) -> list[Any]:
         commands = egraph.parse_program(rule_file.text, filename=rule_file.name)
     except eb.EggSmolError as err:
         raise RuleFileError(f"{rule_file.name}: {err}") from err
+    names: list[str] = []
     for command in commands:
         _refuse_command(rule_file, command)
-        rule = rule_of(command)
-        if rule is not None:
-            _check_rule(rule_file, command, rule)
-    return commands
+        if isinstance(command, eb.RuleCommand):
+            rule = command.rule  # one conversion each: they copy the whole rule into Python
+            names.append(_check_rule(rule_file, rule, str(rule.ruleset)))
+        elif isinstance(command, eb.RewriteCommand | eb.BiRewriteCommand):
+            name = _check_rule(rule_file, command.rewrite, str(command.name))
+            # egglog names a birewrite's two directions `name=>` and `name<=`.
+            bidirectional = isinstance(command, eb.BiRewriteCommand)
+            names += [f"{name}=>", f"{name}<="] if bidirectional else [name]
+    return ParsedRules(commands, names)
 
 
 def _refuse_command(rule_file: RuleFile, command: Any) -> None:
@@ -166,25 +170,14 @@ def _refuse_command(rule_file: RuleFile, command: Any) -> None:
         )
 
 
-def rule_of(command: Any) -> Any:
-    """The rule (or rewrite) a command adds, or None."""
-    return getattr(command, "rule", None) or getattr(command, "rewrite", None)
-
-
-def ruleset_of(command: Any) -> str:
-    """The ruleset a rule command puts its rule in ('' for egglog's default ruleset)."""
-    rule = getattr(command, "rule", None)
-    return str(rule.ruleset if rule is not None else command.name)
-
-
-def _check_rule(rule_file: RuleFile, command: Any, rule: Any) -> None:
+def _check_rule(rule_file: RuleFile, rule: Any, ruleset: str) -> str:
+    """A rule's name, after checking that it has one and (a user's rule) where it runs."""
     if not rule.name:
         raise RuleFileError(
             f"{rule_file.name}, line {_line(rule_file, rule.span)}: the rule "
             f"`{_snippet(rule_file, rule.span)}` has no :name; give every rule a unique "
             ':name "..." so that reports, --explain and check-rules can name it'
         )
-    ruleset = ruleset_of(command)
     if not rule_file.shipped and ruleset in saturated_rulesets():
         raise RuleFileError(
             f"{rule_file.name}: rule {rule.name!r} joins ruleset `{ruleset}`, which the schedule "
@@ -192,6 +185,7 @@ def _check_rule(rule_file: RuleFile, command: Any, rule: Any) -> None:
             "run forever, and the rule checker trusts those facts; put it in `algebra` (or "
             "no ruleset), or in `fusion`"
         )
+    return str(rule.name)
 
 
 def _line(rule_file: RuleFile, span: Any) -> int:
@@ -246,8 +240,8 @@ def load_rules(egraph: eb.EGraph, files: Sequence[RuleFile]) -> None:
     """
     defined: dict[str, str] = {}  # rule name -> file; egglog panics on a second definition
     for rule_file in files:
-        commands = parse_rules(egraph, rule_file)
-        for name in (name for command in commands for name in rule_names(command)):
+        parsed = parse_rules(egraph, rule_file)
+        for name in parsed.rule_names:
             if name in defined:
                 raise RuleFileError(
                     f"{rule_file.name}: rule {name!r} is already defined in {defined[name]}; "
@@ -255,6 +249,6 @@ def load_rules(egraph: eb.EGraph, files: Sequence[RuleFile]) -> None:
                 )
             defined[name] = rule_file.name
         try:
-            egraph.run_program(*commands)
+            egraph.run_program(*parsed.commands)
         except eb.EggSmolError as err:
             raise RuleFileError(f"{rule_file.name}: {err}") from err

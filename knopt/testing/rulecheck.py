@@ -34,7 +34,7 @@ from knopt.ir.op import Input
 from knopt.ir.shape import static_dims
 from knopt.ir.text import format_graph
 from knopt.opt.egraph import check_rule_files
-from knopt.opt.rules import RuleFile, parse_rules, rule_names, shipped_rule_files, shipped_sources
+from knopt.opt.rules import RuleFile, parse_rules, shipped_rule_files, shipped_sources
 from knopt.opt.serialized import Ref
 from knopt.testing.arrays import describe_inputs, limit_inputs, random_inputs
 from knopt.testing.checkrun import CheckRun, run_check
@@ -409,7 +409,7 @@ def _check_every_rule_is_read(book: Rulebook, files: Sequence[RuleFile]) -> None
         RuleFileError: Naming the rules that could not be read.
     """
     for rule_file in files:
-        added = [n for c in parse_rules(eb.EGraph(), rule_file) for n in rule_names(c)]
+        added = parse_rules(eb.EGraph(), rule_file).rule_names
         read = {r.name for r in book.rules if r.file == rule_file.name}
         missing = [name for name in added if name not in read]
         if missing:
