@@ -20,8 +20,8 @@ from knopt.opt.laws import (
     read_constructors,
 )
 from knopt.opt.rules import RULE_FILES, generated_rules, rules_dir, shipped_rule_files
-from knopt.testing.rulebook import Rule, read_rulebook
-from knopt.testing.sexpr import to_text
+from knopt.testing.rulecheck.rulebook import Rule, read_rulebook
+from knopt.testing.rulecheck.sexpr import to_text
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,8 @@ from knopt.opt.rebuild import KERNEL_OPS
 from knopt.opt.serialized import SRef
 from knopt.opt.terms import TermTables
 from knopt.testing.compare import compare_arrays
-from knopt.testing.facts import Fact
-from knopt.testing.values import ClassValues, Uncomputable
+from knopt.testing.rulecheck.facts import Fact
+from knopt.testing.rulecheck.values import ClassValues, Uncomputable
 
 ELEMENTWISE = frozenset({"UnaryOp", "BinaryOp", "Clamp", "Cast", "Where"})
 LINEAR_BODY = frozenset({"SAcc", "SConst", "SLoad", "SBinary"})

@@ -16,8 +16,8 @@ from knopt.ir import DType, GraphBuilder, PoolKind, Unary
 from knopt.opt.egraph import saturate
 from knopt.opt.rules import RuleFile, shipped_rule_files
 from knopt.testing.compare import compare_outputs
-from knopt.testing.rulebook import read_rulebook
 from knopt.testing.rulecheck import SOUND, UNCHECKED, UNSOUND, RuleReport, check_rule, check_rules
+from knopt.testing.rulecheck.rulebook import read_rulebook
 
 PLANTED = {
     # x - c is x + (-c), not x + c.

@@ -8,10 +8,10 @@ import numpy as np
 from knopt.ir import DType, GraphBuilder
 from knopt.opt.rules import shipped_rule_files
 from knopt.testing.arrays import random_inputs
-from knopt.testing.checkrun import CHECK, PAIR, check_files, run_check
-from knopt.testing.oracle import check_fact, context
-from knopt.testing.rulebook import read_rulebook
-from knopt.testing.values import ClassValues
+from knopt.testing.rulecheck.checkrun import CHECK, PAIR, check_files, run_check
+from knopt.testing.rulecheck.oracle import check_fact, context
+from knopt.testing.rulecheck.rulebook import read_rulebook
+from knopt.testing.rulecheck.values import ClassValues
 
 FILES = shipped_rule_files()
 BOOK = read_rulebook(FILES)

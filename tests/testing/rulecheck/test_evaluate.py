@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from knopt.ir import DType, GraphBuilder
-from knopt.testing.evaluate import Evaluator, Unknown
-from knopt.testing.sexpr import read_forms
+from knopt.testing.rulecheck.evaluate import Evaluator, Unknown
+from knopt.testing.rulecheck.sexpr import read_forms
 
 
 def _expr(text: str):  # type: ignore[no-untyped-def]

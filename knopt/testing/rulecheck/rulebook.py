@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from knopt.errors import RuleFileError
 from knopt.opt.rules import RuleFile
-from knopt.testing.sexpr import Expr, Form, Lit, Sym, head, read_forms
+from knopt.testing.rulecheck.sexpr import Expr, Form, Lit, Sym, head, read_forms
 
 LHS = Sym("knopt-lhs")
 PRIMITIVE_SORTS = frozenset({"i64", "f64", "bool", "String", "Unit"})
