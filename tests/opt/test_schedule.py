@@ -44,6 +44,7 @@ def test_slices_do_what_egglog_does_with_the_whole_schedule(phase: int) -> None:
     egraph, _, _ = _load(graph, files)
     command = egraph.parse_program(schedule_file().text)[phase]
     (output,) = egraph.run_program(command)
+    assert isinstance(output, eb.RunScheduleOutput)
     expected = {k: v for k, v in output.report.num_matches_per_rule.items() if v}
 
     sliced, _, _ = _load(graph, files)
