@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from knopt.opt.rules import shipped_rule_files
 from knopt.testing.choices import SeededChoices
-from knopt.testing.pattern import flatten, producers, unfold
-from knopt.testing.rulebook import Rulebook, read_rulebook
-from knopt.testing.sexpr import Expr, Sym, head, read_forms
+from knopt.testing.rulecheck.pattern import flatten
+from knopt.testing.rulecheck.rulebook import Rulebook, read_rulebook
+from knopt.testing.rulecheck.sexpr import Expr, Sym, head, read_forms
+from knopt.testing.rulecheck.unfold import producers, unfold
 
 BOOK: Rulebook = read_rulebook(shipped_rule_files())
 INDEX = producers(BOOK)

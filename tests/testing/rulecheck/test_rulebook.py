@@ -6,8 +6,8 @@ import pytest
 
 from knopt.errors import RuleFileError
 from knopt.opt.rules import RuleFile, shipped_rule_files
-from knopt.testing.rulebook import LHS, read_rulebook
-from knopt.testing.sexpr import Sym, head
+from knopt.testing.rulecheck.rulebook import LHS, read_rulebook
+from knopt.testing.rulecheck.sexpr import Sym, head
 
 
 def test_every_shipped_rule_is_read_with_its_ruleset() -> None:
@@ -21,7 +21,7 @@ def test_every_shipped_rule_is_read_with_its_ruleset() -> None:
 def test_a_rewrite_becomes_a_query_on_its_left_side_and_a_union() -> None:
     rule = read_rulebook(shipped_rule_files()).rule("clamp-of-clamp")
     assert rule.query[0][:2] == (Sym("="), LHS)  # type: ignore[index]
-    assert head(rule.query[1]) == "<="
+    assert [head(atom) for atom in rule.query[1:]] == ["is-float", "<="]
     assert head(rule.actions[0]) == "union"
 
 
@@ -41,7 +41,18 @@ def test_an_unknown_rule_name_is_an_error() -> None:
         read_rulebook(shipped_rule_files()).rule("no-such-rule")
 
 
-def test_unnamed_rules_are_not_listed() -> None:
+def test_an_unnamed_rule_is_refused_not_skipped() -> None:
     extra = RuleFile("user.egg", "(rewrite (UnaryOp (NEG) (UnaryOp (NEG) x)) x)")
-    book = read_rulebook([*shipped_rule_files(), extra])
-    assert all(r.file != "user.egg" for r in book.rules)
+    with pytest.raises(RuleFileError, match=r"user\.egg: the rule at offset 0 has no :name"):
+        read_rulebook([*shipped_rule_files(), extra])
+
+
+def test_a_birewrite_is_two_rules_named_as_egglog_names_them() -> None:
+    extra = RuleFile(
+        "user.egg", '(birewrite (UnaryOp (NEG) (UnaryOp (NEG) x)) x :ruleset algebra :name "nn")'
+    )
+    rules = [r for r in read_rulebook([*shipped_rule_files(), extra]).rules if r.file == "user.egg"]
+    assert [r.name for r in rules] == ["nn=>", "nn<="]
+    forward, backward = rules[0].query[0], rules[1].actions[0]
+    assert isinstance(forward, tuple) and isinstance(backward, tuple)
+    assert forward[2] == backward[2]  # the left side of one is the right side of the other

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from knopt.errors import RuleFileError
-from knopt.testing.sexpr import Lit, Sym, format_literal, head, read_forms, to_text
+from knopt.testing.rulecheck.sexpr import Lit, Sym, format_literal, head, read_forms, to_text
 
 TEXT = """;; a comment
 (rewrite (Clamp x -inf 6.0) x ; trailing comment

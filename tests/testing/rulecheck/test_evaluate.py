@@ -6,8 +6,8 @@ import pytest
 
 from knopt.ir import DType, GraphBuilder, Value
 from knopt.ir.shape import static_dims
-from knopt.testing.evaluate import Evaluator, Unknown
-from knopt.testing.sexpr import Expr, read_forms
+from knopt.testing.rulecheck.evaluate import Evaluator, Unknown
+from knopt.testing.rulecheck.sexpr import Expr, read_forms
 
 
 def _expr(text: str) -> Expr:

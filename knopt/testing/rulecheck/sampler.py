@@ -50,8 +50,11 @@ DERIVED: dict[str, frozenset[int]] = {
     "Pool": frozenset({8}),
 }
 BOUNDS = (-math.inf, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 6.0, math.inf)
-DTYPES = (DType.F32, DType.F64, DType.I64, DType.I32, DType.BOOL, DType.F16)
-NUMERIC = (DType.F32, DType.F64, DType.I64, DType.I32)
+# Small integer types are here so that a rule wrong only when a narrow sum or product wraps is
+# found (the checker also runs integers near their limits: `arrays.limit_inputs`).
+INTEGERS = (DType.I64, DType.I32, DType.I16, DType.U16, DType.I8, DType.U8)
+DTYPES = (DType.F32, DType.F64, *INTEGERS, DType.BOOL, DType.F16)
+NUMERIC = (DType.F32, DType.F64, *INTEGERS)
 
 
 class Sampling:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from knopt.ir.graph import Value
-from knopt.testing.sexpr import Expr, Lit, Sym, head
+from knopt.testing.rulecheck.sexpr import Expr, Lit, Sym, head
 
 
 class Unknown(Exception):

@@ -25,8 +25,8 @@ from knopt.ir.shape import is_static, static_dims
 from knopt.opt.serialized import SRef
 from knopt.opt.terms import TermTables, decode_main_op, prologue_of
 from knopt.testing.compare import compare_arrays
-from knopt.testing.facts import Fact
-from knopt.testing.values import ClassValues, Uncomputable
+from knopt.testing.rulecheck.facts import Fact
+from knopt.testing.rulecheck.values import ClassValues, Uncomputable
 
 ELEMENTWISE = frozenset(cls.__name__ for cls in ops.ELEMENTWISE_OPS)
 LINEAR_BODY = frozenset({"SAcc", "SConst", "SLoad", "SBinary"})

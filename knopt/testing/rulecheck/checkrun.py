@@ -4,14 +4,14 @@ The checked rule is taken out of its ruleset and re-declared in ruleset `knopt-c
 every `union` replaced by a `knopt-check-pair` fact and every fact it sets written to a shadow
 table (`knopt-shadow-shape`...): nothing is merged, so both sides of each application stay
 apart in the e-graph and can be extracted and compared, and each fact it derives is known. The
-rules it needs to fire (found by `pattern.unfold`) are copied into `knopt-deps` and run first;
+rules it needs to fire (found by `unfold.unfold`) are copied into `knopt-deps` and run first;
 the saturated analyses (`analysis`, `fold` and, for fusion rules, `fusion-facts`) run as usual.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from egglog import bindings as eb
 
@@ -20,10 +20,10 @@ from knopt.ir.graph import Graph
 from knopt.opt.rules import RuleFile, load_rules
 from knopt.opt.serialized import EGraphData, ENode, Ref, SRef, locate_terms, parse_egraph
 from knopt.opt.terms import TermTables, graph_commands
-from knopt.testing.facts import Fact, read_facts
-from knopt.testing.pattern import flatten
-from knopt.testing.rulebook import Rule, Rulebook
-from knopt.testing.sexpr import Expr, Lit, Sym, head, to_text
+from knopt.testing.rulecheck.facts import Fact, read_facts
+from knopt.testing.rulecheck.pattern import flatten
+from knopt.testing.rulecheck.rulebook import Rule, Rulebook
+from knopt.testing.rulecheck.sexpr import Expr, Lit, Sym, head, to_text
 
 CHECK = "knopt-check"
 DEPS = "knopt-deps"
@@ -112,7 +112,7 @@ def check_files(
         text = rule_file.text
         if rule_file.name == target.file:
             text = text[: target.form.start] + text[target.form.end :]
-        changed.append(RuleFile(rule_file.name, text))
+        changed.append(replace(rule_file, text=text))
     lines = [
         f"(ruleset {CHECK})",
         f"(ruleset {DEPS})",

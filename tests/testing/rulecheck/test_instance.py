@@ -6,9 +6,10 @@ from knopt.ir import Graph
 from knopt.ir import op as ops
 from knopt.opt.rules import shipped_rule_files
 from knopt.testing.choices import SeededChoices
-from knopt.testing.instance import instantiate
-from knopt.testing.pattern import flatten, producers, unfold
-from knopt.testing.rulebook import read_rulebook
+from knopt.testing.rulecheck.instance import instantiate
+from knopt.testing.rulecheck.pattern import flatten
+from knopt.testing.rulecheck.rulebook import read_rulebook
+from knopt.testing.rulecheck.unfold import producers, unfold
 
 BOOK = read_rulebook(shipped_rule_files())
 INDEX = producers(BOOK)

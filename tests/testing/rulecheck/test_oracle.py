@@ -8,10 +8,11 @@ import numpy as np
 from knopt.ir import DType, Graph, GraphBuilder
 from knopt.opt.rules import shipped_rule_files
 from knopt.testing.arrays import random_inputs
-from knopt.testing.checkrun import CHECK, PAIR, check_files, run_check
-from knopt.testing.oracle import check_fact, context
-from knopt.testing.rulebook import read_rulebook
-from knopt.testing.values import ClassValues
+from knopt.testing.rulecheck.checkrun import CHECK, PAIR, check_files, run_check
+from knopt.testing.rulecheck.oracle import ORACLES, check_fact, context
+from knopt.testing.rulecheck.rulebook import Rulebook, read_rulebook
+from knopt.testing.rulecheck.sexpr import head
+from knopt.testing.rulecheck.values import ClassValues
 
 FILES = shipped_rule_files()
 BOOK = read_rulebook(FILES)
@@ -74,3 +75,28 @@ def test_the_constant_oracle_tells_inputs_from_constants() -> None:
     (varying,) = {args[0] for name, args, _ in run.facts if name == "varies"}
     assert check_fact(ctx, ("varies", (varying,), None)) is None
     assert "changes with the inputs" in str(check_fact(ctx, ("folds", (varying,), None)))
+
+
+def _derived(book: Rulebook) -> set[str]:
+    """The functions and relations that some rule adds rows to."""
+    found = set()
+    for rule in book.rules:
+        for action in rule.actions:
+            name = head(action)
+            if name == "set" and isinstance(action, tuple):
+                name = head(action[1])
+            if name in book.signatures and book.signatures[name].kind != "constructor":
+                found.add(name)
+    return found
+
+
+def test_every_relation_a_shipped_rule_derives_has_an_oracle() -> None:
+    missing = _derived(BOOK) - set(ORACLES)
+    assert not missing, f"add oracles to knopt/testing/rulecheck/oracle.py for {sorted(missing)}"
+
+
+def test_every_declared_relation_has_an_oracle_or_holds_base_facts_only() -> None:
+    declared = {n for n, s in BOOK.signatures.items() if s.kind != "constructor"}
+    data = {n for n in declared - _derived(BOOK) if n in BOOK.base_facts}
+    assert declared == set(ORACLES) | data, sorted(declared ^ (set(ORACLES) | data))
+    assert data == {"compares", "conv-activation", "is-float", "is-integer", "tests", "widens"}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from knopt.errors import RuleFileError
 from knopt.opt.rules import RuleFile
-from knopt.testing.sexpr import Expr, Form, Lit, Sym, head, read_forms
+from knopt.testing.rulecheck.sexpr import Expr, Form, Lit, Sym, head, read_forms
 
 LHS = Sym("knopt-lhs")
 PRIMITIVE_SORTS = frozenset({"i64", "f64", "bool", "String", "Unit"})
@@ -32,7 +32,7 @@ class Signature:
 
 @dataclass(frozen=True)
 class Rule:
-    """One named rule.
+    """One named rule (a birewrite is two: `name=>` and `name<=`, as egglog names them).
 
     Attributes:
         query: The atoms to match (a rewrite's left side is `(= knopt-lhs lhs)`).
@@ -106,23 +106,41 @@ def _ruleset(options: dict[str, Expr]) -> str:
     return value.name if isinstance(value, Sym) else ""
 
 
-def _rule(form: Form, file: str) -> Rule | None:
+def _rules(form: Form, file: str) -> list[Rule]:
+    """The rules one `rule`, `rewrite` or `birewrite` form adds (a birewrite adds two).
+
+    Raises:
+        RuleFileError: If the rule has no `:name`.
+    """
     expr = form.expr
     assert isinstance(expr, tuple)
     kind = head(expr)
     positional, options = _options(expr[1:])
     name = _name(options)
     if not name:
-        return None
+        raise RuleFileError(f"{file}: the rule at offset {form.start} has no :name")
+    ruleset = _ruleset(options)
     if kind == "rule":
         query, actions = positional
         assert isinstance(query, tuple) and isinstance(actions, tuple)
-        return Rule(name, _ruleset(options), query, actions, file, form)
+        return [Rule(name, ruleset, query, actions, file, form)]
     lhs, rhs = positional
     when = options.get(":when", ())
     assert isinstance(when, tuple)
+    if kind == "rewrite":
+        return [_rewrite(name, ruleset, lhs, rhs, when, file, form)]
+    # egglog names a birewrite's two directions `name=>` and `name<=`.
+    return [
+        _rewrite(f"{name}=>", ruleset, lhs, rhs, when, file, form),
+        _rewrite(f"{name}<=", ruleset, rhs, lhs, when, file, form),
+    ]
+
+
+def _rewrite(
+    name: str, ruleset: str, lhs: Expr, rhs: Expr, when: tuple[Expr, ...], file: str, form: Form
+) -> Rule:
     query = ((Sym("="), LHS, lhs), *when)
-    return Rule(name, _ruleset(options), query, ((Sym("union"), LHS, rhs),), file, form)
+    return Rule(name, ruleset, query, ((Sym("union"), LHS, rhs),), file, form)
 
 
 def _declare(book: Rulebook, expr: tuple[Expr, ...]) -> None:
@@ -172,7 +190,8 @@ def read_rulebook(files: Sequence[RuleFile]) -> Rulebook:
     """Parse rule files (in load order) into a `Rulebook`.
 
     Raises:
-        RuleFileError: If a file does not read as s-expressions or a rule is malformed.
+        RuleFileError: If a file does not read as s-expressions, or a rule is malformed or
+            has no name.
     """
     book = Rulebook()
     for rule_file in files:
@@ -182,13 +201,11 @@ def read_rulebook(files: Sequence[RuleFile]) -> Rulebook:
                 continue
             if head(expr) in ("rule", "rewrite", "birewrite"):
                 try:
-                    rule = _rule(form, rule_file.name)
+                    book.rules.extend(_rules(form, rule_file.name))
                 except (ValueError, AssertionError) as err:
                     raise RuleFileError(
                         f"{rule_file.name}: cannot read the rule at offset {form.start}"
                     ) from err
-                if rule is not None:
-                    book.rules.append(rule)
             else:
                 _declare(book, expr)
     return book
