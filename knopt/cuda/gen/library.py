@@ -11,6 +11,7 @@ convolutions whose output `knopt.cuda.gen.channels_last` stored channels last ru
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from knopt.cuda.cexpr import uses_acc
@@ -30,7 +31,7 @@ from knopt.cuda.steps import Conv, Gemm, Launch, Operand
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.op import Binary, Unary
-from knopt.ir.program import Acc, BinaryE, Const, Expr, Kernel, Load, UnaryE
+from knopt.ir.program import Acc, BinaryE, ClampE, Const, Expr, Kernel, Load, UnaryE
 
 GEMM_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16, DType.F64})
 CONV_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})
@@ -117,6 +118,9 @@ def match_epilogue(ctx: LoweringContext, kernel: Kernel, *, conv: bool) -> Fused
         expr.kind is Unary.RELU or (not conv and expr.kind in _GEMM_ACTIVATIONS)
     ):
         activation = _GEMM_ACTIVATIONS[expr.kind]
+        expr = expr.x
+    elif isinstance(expr, ClampE) and expr.lo == 0 and expr.hi == math.inf:
+        activation = "relu"  # clamp.egg writes RELU as a clamp to [0, inf]
         expr = expr.x
     terms = _add_terms(expr)
     with_acc = [t for t in terms if uses_acc(t)]
