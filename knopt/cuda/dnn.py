@@ -24,7 +24,9 @@ from knopt.cuda.steps import Conv
 from knopt.errors import CudaError
 from knopt.ir.dtype import DType
 
-TOP_PLANS = 4  # heuristic plans built and timed per convolution shape
+# Heuristic plans built and timed per convolution shape. Building one can take a good part of
+# a second (runtime-fusion engines compile a kernel), so only the first few.
+TOP_PLANS = 3
 SCRATCH_FILL = 0x3C  # bytes of timing operands: finite in every float type
 STRICT_F32_NOTES = (
     "TENSOR_CORE",

@@ -10,7 +10,9 @@ relative, and sums accumulate in f32: results stay at strict f32's error level (
 tests/cuda/test_split.py). The three products are ONE TF32 GEMM of thrice the depth, over
 operands laid side by side, `[hi_a | hi_a | lo_a] @ [hi_b ; lo_b ; hi_b]`, with the step's
 epilogue unchanged. Constant operands (weights) are split once on the host; any other operand
-by a kernel (codegen/tf32_split.cu), once per tensor however many GEMMs read it.
+by a kernel (codegen/tf32_split.cu), once per tensor however many GEMMs read it. One difference
+from strict f32 remains: an infinite operand element meets the zero `lo` of the other operand
+(`inf * 0`), so a result strict f32 makes infinite comes out NaN.
 
 Whether it pays is the cost model's roofline (`split_pays`): three times the arithmetic at the
 TF32 rate and three times the operand reads, plus the splitting kernels, against one strict
