@@ -35,6 +35,7 @@ from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph
 from knopt.ir.op import Unary
+from knopt.ir.program import program_from_graph
 from knopt.opt.cost import CPU, H200_GRAPH, DeviceProfile
 from knopt.session import Session
 
@@ -326,7 +327,6 @@ class _GpuTimer:
         """Seconds of device time per replay of `graph`'s program (not optimized)."""
         from knopt.cuda.executor import Executable
         from knopt.cuda.planner import build_plan
-        from knopt.ir.program import program_from_graph
 
         executable = Executable(build_plan(program_from_graph(graph)), self.gpu)
         executable.run(feeds, device_outputs=True)  # eager run, then capture
