@@ -85,8 +85,10 @@ class Executable:
         self.plan = plan
         self.gpu = gpu or Gpu()
         self.kernels = self._compile()
-        self.blas = Blas() if any(isinstance(s, Gemm) for s in plan.steps) else None
-        self.dnn = Dnn() if any(isinstance(s, Conv) for s in plan.steps) else None
+        # Library plans are made (and their algorithms timed) on this GPU's stream, before
+        # anything is captured.
+        self.blas = Blas(self.gpu) if any(isinstance(s, Gemm) for s in plan.steps) else None
+        self.dnn = Dnn(self.gpu) if any(isinstance(s, Conv) for s in plan.steps) else None
         self.library = {
             i: self._library_plan(s) for i, s in enumerate(plan.steps) if isinstance(s, Gemm | Conv)
         }

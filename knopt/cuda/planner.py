@@ -16,6 +16,7 @@ import numpy as np
 
 from knopt.cuda.cexpr import check_dtype
 from knopt.cuda.context import REGIONS, Buffer, LoweringContext, PlanTensor
+from knopt.cuda.gen.channels_last import assign_layouts
 from knopt.cuda.gen.elementwise import copy_launch
 from knopt.cuda.layout import Layout, view_layout
 from knopt.cuda.lower import lower_kernel
@@ -86,6 +87,7 @@ def build_plan(program: Program, precision: str = "f32") -> Plan:
                 constants[ctx.tensors[-1].buffer] = np.ascontiguousarray(
                     program.constants[tensor.id]
                 )
+    assign_layouts(ctx, program)  # channels last for regions of half-precision convolutions
     for kernel in program.kernels:
         ctx.where = _describe(kernel)
         if kernel.is_view:
