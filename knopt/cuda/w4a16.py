@@ -17,6 +17,16 @@ Three routes, chosen per shape by `W4A16.plan` (Route):
   large M the GEMM's work dwarfs one pass over the weight, and cuBLASLt's wgmma kernels
   outrun the mma.sync tensor-core kernel.
 
+The rule, from what an H200 should do at N = K = 4096 (8.4 MB of int4 weight, scales and zero
+points; about 4 TB/s from HBM, ~600 TFLOP/s of mma.sync; torch's fp16 GEMV reads 33.5 MB in
+9.2 us): at M <= 8 the GEMV streams the weight in ~2.1 us while its ~200 instructions a KB of
+weight a warp take ~1.5 us of issue, so ~3 us with the launch; up to M = 64 the GEMM is still
+memory-bound (~4-6 us, torch ~9 us); at M = 128-256 it is bound by mma.sync (~4 GFLOP a 128
+rows: ~10 us against torch's 13.5 us); from M = 512 dequantizing (~10 us: 8 MB read, 32 MB
+written) and cuBLASLt's GEMM (~600+ TFLOP/s) beat the GEMM's ~43 us. A K split over a
+cluster is taken when the tiles alone leave SMs idle. `benchmarks/quantized.py --w4a16-only`
+times every configuration beside the rule's pick, to check these numbers.
+
 All routes round each weight once to A's type as `(code - zero) * scale` and accumulate in
 fp32, so they agree to fp32 summation order. Sizes are launch arguments: one compiled module
 (per activation type and block size) serves every M, N and K. This module only plans and
@@ -45,7 +55,8 @@ CHUNK = 128  # k a warp consumes per step
 GEMM_WARPS = 4
 SPLITS = (1, 2, 4)  # cluster sizes the default module is compiled for
 DEQUANTIZE_MIN_M = 512  # expected: ~10 us to dequantize 4096^2 < what cuBLASLt gains from there
-DEQUANTIZE_LIMIT = 64 * 2**20  # bytes of dequantized weight a slice
+DEQUANTIZE_LIMIT = 64 * 2**20  # bytes of dequantized weight a slice (whole 128-row groups:
+# outputs 256-byte aligned, as cuBLASLt's heuristic assumes)
 DEQUANTIZE_THREADS = 256
 _ALIGN = 256
 _C_TYPES = {DType.F16: "__half", DType.BF16: "__nv_bfloat16"}
@@ -406,7 +417,7 @@ class W4A16:
         from knopt.cuda.steps import Gemm, Operand
 
         element = self.dtype.itemsize
-        rows = min(n, max(64, DEQUANTIZE_LIMIT // (k * element) // 64 * 64))
+        rows = min(n, max(128, DEQUANTIZE_LIMIT // (k * element) // 128 * 128))
         slices = []
         for first in range(0, n, rows):
             width = min(rows, n - first)

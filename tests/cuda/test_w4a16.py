@@ -181,20 +181,19 @@ def _only(dtype: DType, block: int, config: GemvConfig | GemmConfig | None) -> W
 
 def _check(
     device: Device,
-    dtype: DType,
+    w4: W4A16,
     sizes: tuple[int, int, int],
-    block: int,
     zeros: bool,
     bias: bool,
     config: GemvConfig | GemmConfig | Route,
     blas: Any = None,
 ) -> None:
     m, n, k = sizes
+    dtype, block = w4.dtype, w4.block
     rng = np.random.default_rng(m * 7919 + n * 31 + k + block)
     weight = random_nbits(rng, n, k, block, dtype, zeros)
     a = rng.standard_normal((m, k)).astype(NUMPY[dtype])
     b = rng.standard_normal(n).astype(NUMPY[dtype]) if bias else None
-    w4 = _only(dtype, block, None if isinstance(config, Route) else config)
     plan = w4.plan(m, n, k, device.sm_count, blas=blas, config=config)
     operands = W4A16Operands(
         a=device.put(a),
@@ -240,17 +239,19 @@ def test_the_rules_kernel_matches_dequantize_then_matmul(
 ) -> None:
     config = W4A16(dtype, block).plan(m, n, k, device.sm_count).config
     assert config is not None
-    _check(device, dtype, (m, n, k), block, zeros, bias, config)
+    _check(device, _only(dtype, block, config), (m, n, k), zeros, bias, config)
 
 
-# Every compiled configuration (and a few the benchmark compares) on shapes that reach its
-# tails: a partial last tile in N and M, a K that ends inside a chunk, zero points and a bias.
-VARIANTS: list[GemvConfig | GemmConfig] = [
+# Every compiled configuration (and those the benchmark adds), in one module a type, on shapes
+# that reach its tails: a partial last tile in N and M, a K that ends inside a chunk (and a
+# block), zero points and a bias. Blocks of 16 go through the rule's tests.
+VARIANTS: tuple[GemvConfig | GemmConfig, ...] = (
     *DEFAULT_GEMV,
     GemvConfig(depth=2),
+    GemvConfig(warps=4),
     GemvConfig(warps=4, split=2),
     *DEFAULT_GEMM,
-]
+)
 
 
 @pytest.mark.cuda
@@ -259,13 +260,18 @@ VARIANTS: list[GemvConfig | GemmConfig] = [
 def test_every_kernel_config_matches_dequantize_then_matmul(
     device: Device, dtype: DType, config: GemvConfig | GemmConfig
 ) -> None:
+    w4 = W4A16(
+        dtype,
+        64,
+        tuple(c for c in VARIANTS if isinstance(c, GemvConfig)),
+        tuple(c for c in VARIANTS if isinstance(c, GemmConfig)),
+    )
     if isinstance(config, GemvConfig):
-        shapes = [(1, 200, 2088), (7, 48, 1032)]
+        shapes = [(1, 200, 2088), (7, 48, 1032), (8, 4096, 4096)]
     else:
-        shapes = [(config.bm - 3, 200, 2088), (2 * config.bm + 5, 48, 1032)]
-    for m, n, k in shapes:
-        _check(device, dtype, (m, n, k), 64, True, True, config)
-    _check(device, dtype, (shapes[0][0], 72, 160), 16, False, False, config)
+        shapes = [(config.bm - 3, 200, 2088), (2 * config.bm + 5, 48, 1032), (37, 4096, 4096)]
+    for i, (m, n, k) in enumerate(shapes):
+        _check(device, w4, (m, n, k), i != 1, i != 0, config)
 
 
 @pytest.mark.cuda
@@ -286,8 +292,8 @@ def test_dequantize_then_cublaslt_matches(
     zeros: bool,
     bias: bool,
 ) -> None:
-    # Slices of at most 64 rows' worth force several dequantize + GEMM rounds.
-    monkeypatch.setattr(w4a16, "DEQUANTIZE_LIMIT", 64 * k * dtype.itemsize)
+    # Slices of 128 rows (256-byte aligned outputs for cuBLASLt) force several rounds.
+    monkeypatch.setattr(w4a16, "DEQUANTIZE_LIMIT", 128 * k * dtype.itemsize)
     plan = W4A16(dtype, block).plan(m, n, k, device.sm_count, blas=blas)
-    assert plan.route is Route.DEQUANTIZE and len(plan.slices) == -(-n // 64)
-    _check(device, dtype, (m, n, k), block, zeros, bias, Route.DEQUANTIZE, blas)
+    assert plan.route is Route.DEQUANTIZE and len(plan.slices) == -(-n // 128)
+    _check(device, _only(dtype, block, None), (m, n, k), zeros, bias, Route.DEQUANTIZE, blas)
