@@ -266,7 +266,9 @@ template <typename T>
 __device__ __forceinline__ void store(const float acc[4], int row0, int col0, int m, int n,
                                       const T* __restrict__ bias, T* __restrict__ y) {
 #pragma unroll
-  for (int e = 0; e < 4; ++e) store1<T>(acc[e], row0 + (e >> 1) * 8, col0 + (e & 1), m, n, bias, y);
+  for (int e = 0; e < 4; ++e) {
+    store1<T>(acc[e], row0 + (e >> 1) * 8, col0 + (e & 1), m, n, bias, y);
+  }
 }
 
 // ---- thread block clusters: the K splits of one output tile add up in shared memory ----------
@@ -296,7 +298,7 @@ __device__ __forceinline__ float4 cluster_load(const float* local, u32 rank) {
 // 4 MB on an H200). Each warp keeps its next DEPTH chunks of weights in flight in a ring of
 // register buffers whose roles rotate by unrolling (a copy between buffers would wait for the
 // load in flight), and the activations of its next chunk (at most 8 rows of A, L1 or L2 hits:
-// the mma's 8-column operand; lanes whose column g is past M feed zeros). With DEPTH 4 and 16
+// the mma's 8-column operand). With DEPTH 4 and 16
 // warps an SM, 64 KB of weights an SM are in flight: a 4096 x 4096 weight is requested whole
 // at the start. The warps' sums meet in shared memory; gridDim.z = SPLIT > 1 splits K over
 // the blocks of a cluster as well.
@@ -311,7 +313,9 @@ template <typename T> struct Acts {
       for (u32 i = 0; i < 4; ++i) x[i] = __ldg(p + i);
     } else {
 #pragma unroll
-      for (u32 i = 0; i < 4; ++i) x[i] = k0 + 8 * i < k ? __ldg(p + i) : make_uint4(0u, 0u, 0u, 0u);
+      for (u32 i = 0; i < 4; ++i) {
+        x[i] = k0 + 8 * i < k ? __ldg(p + i) : make_uint4(0u, 0u, 0u, 0u);
+      }
     }
   }
 };
