@@ -357,11 +357,11 @@ __device__ __forceinline__ void gemv(const T* __restrict__ a, const u8* __restri
   float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
   Chunk<T, BLOCK> w[DEPTH];
   Acts<T> x[2];
+  if (count > 0) x[0].load(arow, k, start(0));  // first: not queued behind the weights
 #pragma unroll
   for (int j = 0; j < DEPTH; ++j) {
     if (j < count) w[j].load(tile, start(j));
   }
-  if (count > 0) x[0].load(arow, k, start(0));
   for (int base = 0; base < count; base += DEPTH) {
 #pragma unroll
     for (int j = 0; j < DEPTH; ++j) {
@@ -432,18 +432,31 @@ template <int PENDING> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
 }
 
+// Thread i copies slot i % 16 of rows i / 16 + j THREADS / 16, at 32-bit element offsets from A
+// (knopt/cuda/w4a16.py refuses A of 2^31 elements or more) stepped by a constant; rows THREADS /
+// 16 apart share their parity, so the destinations step by a constant too. Stages wholly inside
+// A (all but the last row tile and K's last chunk) copy without predicates.
 template <typename T, int BM, int THREADS>
 __device__ __forceinline__ void stage_a(u32* stage, const T* __restrict__ a, int m0, int m,
                                         int k, int kc) {
-  static_assert(BM * 16 % THREADS == 0, "every thread copies the same number of slots");
+  static_assert(BM * 16 % THREADS == 0 && THREADS % 32 == 0, "whole passes of even rows");
+  constexpr int ROWS = THREADS / 16;  // rows a pass
+  const int row = threadIdx.x / 16, slot = threadIdx.x % 16;
+  const int kk = kc + 32 * (slot & 3) + 8 * (slot >> 2);
+  const u32 offset = (u32)(m0 + row) * (u32)k + (u32)kk;
+  const u32 step = (u32)ROWS * (u32)k;
+  u32* dst = stage + row * ROW_WORDS + slot_of(row, slot) * 4;
+  if (m0 + BM <= m && kc + CHUNK <= k) {
 #pragma unroll
-  for (int j = 0; j < BM * 16 / THREADS; ++j) {
-    const int piece = threadIdx.x + THREADS * j;
-    const int row = piece >> 4, slot = piece & 15;
-    const int kk = kc + 32 * (slot & 3) + 8 * (slot >> 2);
-    const bool valid = m0 + row < m && kk < k;
-    const T* src = valid ? a + (size_t)(m0 + row) * k + kk : a;
-    cp_async16(stage + row * ROW_WORDS + slot_of(row, slot) * 4, src, valid);
+    for (int j = 0; j < BM / ROWS; ++j) {
+      cp_async16(dst + j * ROWS * ROW_WORDS, a + (offset + j * step), true);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < BM / ROWS; ++j) {
+      const bool valid = kk < k && m0 + row + j * ROWS < m;
+      cp_async16(dst + j * ROWS * ROW_WORDS, valid ? a + (offset + j * step) : a, valid);
+    }
   }
 }
 
@@ -467,7 +480,6 @@ __device__ __forceinline__ void gemm(const T* __restrict__ a, const u8* __restri
   const int per_split = (chunks + SPLIT - 1) / SPLIT;
   const int first = min(chunks, (int)blockIdx.z * per_split);
   const int count = min(chunks, first + per_split) - first;
-  const int tiles = min(MT, (m - m0 + 7) / 8);  // column tiles with any valid column
   float acc[MT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
@@ -495,19 +507,20 @@ __device__ __forceinline__ void gemm(const T* __restrict__ a, const u8* __restri
         }
         cp_async_commit();
         const u32* rows = smem + (i % STAGES) * WORDS + g * ROW_WORDS;
-        const typename Chunk<T, BLOCK>::Consts c = w[j].consts((u32)((first + i) * CHUNK + 32 * t));
+        const typename Chunk<T, BLOCK>::Consts c =
+            w[j].consts((u32)((first + i) * CHUNK + 32 * t));
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           u32 a0[4], a1[4];
           w[j].template frags<true>(q, c, a0, a1);
           const int slot = slot_of(g, 4 * q + t) * 4;  // rows g + 8 mt share g's parity
+          // Every column tile, past M too (zeros): a predicate a tile costs more than the
+          // mmas it spares, which only the last row tile of A has.
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            if (mt < tiles) {
-              const uint4 x = *reinterpret_cast<const uint4*>(rows + mt * 8 * ROW_WORDS + slot);
-              Ty<T>::mma(acc[mt], a0, x.x, x.y);
-              Ty<T>::mma(acc[mt], a1, x.z, x.w);
-            }
+            const uint4 x = *reinterpret_cast<const uint4*>(rows + mt * 8 * ROW_WORDS + slot);
+            Ty<T>::mma(acc[mt], a0, x.x, x.y);
+            Ty<T>::mma(acc[mt], a1, x.z, x.w);
           }
         }
         if (i + DEPTH < count) w[j].load(tile, (u32)((first + i + DEPTH) * CHUNK + 32 * t));

@@ -322,7 +322,8 @@ class W4A16:
         Raises:
             CodegenError: If a size is not positive, K is not a multiple of 8 (16-byte rows of
                 A), K padded to blocks is not a multiple of 32 (16-byte weight loads), or the
-                packed weight has 2^31 bytes or more (the kernels' 32-bit offsets).
+                packed weight has 2^31 bytes or more, or A 2^31 elements (the kernels' 32-bit
+                offsets).
         """
         if min(m, n, k) < 1:
             raise CodegenError(f"W4A16 sizes must be positive, got M={m}, N={n}, K={k}")
@@ -330,6 +331,8 @@ class W4A16:
             raise CodegenError(
                 f"W4A16 weights must be under 2 GiB packed, got N={n}, K={k}: split N"
             )
+        if m * k >= 2**31:
+            raise CodegenError(f"W4A16 needs A under 2^31 elements, got M={m}, K={k}: split M")
         if k % 8:
             raise CodegenError(f"W4A16 needs K to be a multiple of 8, got {k}")
         if self.padded_k(k) % 32:
