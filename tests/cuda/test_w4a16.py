@@ -73,6 +73,7 @@ def test_w4a16_kernels_compile_for_sm_90(tmp_path, monkeypatch) -> None:
         (1, 64, 48, 16, "multiple of 32"),  # three blocks of 16
         (0, 64, 64, 32, "positive"),
         (1, 2**20, 4096, 128, "under 2 GiB"),
+        (2**19, 64, 4096, 128, "A under 2"),
     ],
 )
 def test_sizes_the_kernels_cannot_take_are_refused(
