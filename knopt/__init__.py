@@ -40,6 +40,7 @@ from knopt.version import __version__
 if TYPE_CHECKING:
     from onnx import ModelProto
 
+    from knopt.cache import ProgramCache
     from knopt.opt.cost import DeviceProfile
 
 
@@ -63,29 +64,30 @@ def save(
     model: Graph | OptimizeResult,
     path: str | os.PathLike[str] | None = None,
     *,
-    kernels: bool = True,
+    kernels: bool = False,
     opset: int = DEFAULT_OPSET,
+    target: str = "onnx",
 ) -> ModelProto:
-    """Export a graph, or an optimization's result, as a standard ONNX model.
+    """Export a graph, or an optimization's result, as ONNX: recognised patterns as fused ops.
 
     Args:
-        model: A graph (saved as it is), or what `optimize` returned: its fused kernels become
-            model-local functions of the `knopt` domain, which onnxruntime runs and Netron
-            shows as kernels.
+        model: A graph, or what `optimize` returned (its optimized graph is saved).
         path: Where to write the model, or None to only return it.
-        kernels: For an optimization's result: False saves its optimized graph flat instead.
+        kernels: For an optimization's result: save the kernel grouping instead (each
+            fused kernel a `knopt`-domain function, to inspect fusion in Netron).
         opset: The version of the default ONNX domain to write (18 or newer). Symbolic sizes
             stay symbolic (dynamic axes keep working).
+        target: "onnx" for standard ops only; "onnxruntime" to also use onnxruntime's
+            com.microsoft fused ops.
 
     Raises:
         UnsupportedModelError: If the graph needs something the opset lacks.
         KnoptError: If the file cannot be written.
     """
-    if isinstance(model, Graph):
-        return save_onnx(model, path, opset=opset)
-    if not kernels:
-        return save_onnx(model.graph, path, opset=opset)
-    return save_kernels(model.graph, model.groups, model.group_kinds, path, opset=opset)
+    graph = model if isinstance(model, Graph) else model.graph
+    if kernels and isinstance(model, OptimizeResult):
+        return save_kernels(graph, model.groups, model.group_kinds, path, opset=opset)
+    return save_onnx(graph, path, opset=opset, target=target)
 
 
 def optimize(graph: Graph, **options: Any) -> OptimizeResult:
@@ -107,6 +109,7 @@ def compile(
     dims: Mapping[str, int | tuple[int, int, int] | SizeRange] | None = None,
     resident: Mapping[str, str] | None = None,
     cache_mask: str | None = None,
+    cache: str | os.PathLike[str] | ProgramCache | None = None,
 ) -> Session:
     """Prepare a model to run on a device, for every size its symbolic dimensions take.
 
@@ -132,12 +135,21 @@ def compile(
             (a decoder's key/value caches: `{"present.0.key": "past_key_values.0.key"}`).
         cache_mask: With `resident`: the attention mask input, which makes the caches static
             (see `knopt.ir.kvcache`).
+        cache: When optimizing, a folder (or `knopt.cache.ProgramCache`) shared by processes:
+            the optimized program is read from it if there, else made and written for the
+            others (on cuda, with NVRTC's cubins). Entries of another knopt build, GPU, model
+            or profile are ignored.
 
     Raises:
         KnoptError: If loading fails or the device is not available.
         InputError: If `dims` names a size the model does not have, or a range is malformed.
     """
-    options: dict[str, Any] = {"precision": precision, "optimize": optimize, "profile": profile}
+    options: dict[str, Any] = {
+        "precision": precision,
+        "optimize": optimize,
+        "profile": profile,
+        "cache": cache,
+    }
     if isinstance(model, Graph):
         return Session(
             model, device, dims=dims, resident=resident, cache_mask=cache_mask, **options

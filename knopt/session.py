@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from knopt.cache import ProgramCache, open_cache
 from knopt.cpu.executor import run_graph
 from knopt.errors import InputError, KnoptError
 from knopt.ir.bind import bind_symbols, infer_sizes
@@ -95,6 +96,9 @@ class Session:
         cache_mask: With `resident`, the attention mask input (1 = attend) that lets the caches
             be static: preallocated for the largest sizes of `dims`, with one plan serving a
             bucket of cached lengths (see `knopt.ir.kvcache`).
+        cache: A `knopt.cache.ProgramCache` or its folder: the optimized program (one for every
+            size) is read from it when present and written to it when made; on cuda it also
+            holds NVRTC's cubins.
 
     Raises:
         KnoptError: If the device or precision is unknown, "cuda" has no usable GPU, or the
@@ -113,10 +117,11 @@ class Session:
         dims: Mapping[str, object] | None = None,
         resident: Mapping[str, str] | None = None,
         cache_mask: str | None = None,
+        cache: str | os.PathLike[str] | ProgramCache | None = None,
     ) -> None:
         self.graph = graph
         self.dims = SizeProfile.parse(dims, graph.symbols())
-        self._prepare(device, precision, optimize, profile)
+        self._prepare(device, precision, optimize, profile, cache)
         if self._cuda is not None:
             self._cuda.dims = self.dims
             self._cuda.stats = self.stats
@@ -135,6 +140,7 @@ class Session:
         precision: str,
         optimize: bool | None,
         profile: str | os.PathLike[str] | DeviceProfile | None,
+        cache: str | os.PathLike[str] | ProgramCache | None = None,
     ) -> None:
         """Set up the device, the caches and the optimizer options (everything but the graph)."""
         if device not in DEVICES:
@@ -167,6 +173,9 @@ class Session:
         )
         if self.optimize:
             self.profile = find_profile(self.profile)  # a bad name or file fails here, not later
+        self.cache: ProgramCache | None = None
+        if cache is not None:
+            self.cache = open_cache(cache, device)
 
     @property
     def input_names(self) -> list[str]:
@@ -306,7 +315,13 @@ class Session:
 
         def run() -> OptimizeResult:
             self.stats.optimizer_runs += 1
-            return optimize_graph(graph, profile=self.profile, sizes=self.dims.representative)
+            sizes = self.dims.representative
+            if self.cache is not None:
+                profile = find_profile(self.profile)
+                return self.cache.optimize(
+                    graph, profile, device=self.device, precision=self.precision, sizes=sizes
+                )
+            return optimize_graph(graph, profile=self.profile, sizes=sizes)
 
         return remember(self._optimized, graph, run, SIZES_KEPT)
 
@@ -339,7 +354,7 @@ class PerSizeSession(Session):
 
     Args:
         model: The ONNX model.
-        device, precision, optimize, profile: As for `Session`.
+        device, precision, optimize, profile, cache: As for `Session`.
         dims: As for `Session`; the ranges apply to the model's input sizes.
 
     Raises:
@@ -356,13 +371,14 @@ class PerSizeSession(Session):
         optimize: bool | None = None,
         profile: str | os.PathLike[str] | DeviceProfile | None = None,
         dims: Mapping[str, object] | None = None,
+        cache: str | os.PathLike[str] | ProgramCache | None = None,
     ) -> None:
         initializers = {t.name for t in model.graph.initializer}
         self.model = model
         self._input_names = [i.name for i in model.graph.input if i.name not in initializers]
         self._output_names = [o.name for o in model.graph.output]
         self.dims = SizeProfile.parse(dims, input_symbols(model))
-        self._prepare(device, precision, optimize, profile)
+        self._prepare(device, precision, optimize, profile, cache)
         if self._cuda is not None:
             self._cuda.dims = self.dims
             self._cuda.stats = self.stats

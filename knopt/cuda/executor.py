@@ -201,13 +201,13 @@ class Runtime:
                 if self._blas is None:
                     from knopt.cuda.blas import Blas
 
-                    self._blas = Blas()
+                    self._blas = Blas(self.gpu)  # times candidates on the stream
                 self._library_plans[canonical] = self._blas.plan(canonical)
             else:
                 if self._dnn is None:
                     from knopt.cuda.dnn import Dnn
 
-                    self._dnn = Dnn()
+                    self._dnn = Dnn(self.gpu)
                 self._library_plans[canonical] = self._dnn.plan(canonical)
         return self._library_plans[canonical], ids
 
@@ -279,14 +279,16 @@ class Executable:
 
     Args:
         plan: The plan (all sizes static).
-        runtime: What the plans of its program share; a new one when not given.
         gpu: The GPU of a new runtime.
+        runtime: What the plans of its program share; a new one when not given.
 
     Raises:
         CudaError: If compiling, planning a library call or allocating fails.
     """
 
-    def __init__(self, plan: Plan, runtime: Runtime | None = None, gpu: Gpu | None = None) -> None:
+    def __init__(
+        self, plan: Plan, gpu: Gpu | None = None, *, runtime: Runtime | None = None
+    ) -> None:
         self.plan = plan
         self.runtime = runtime or Runtime(gpu)
         self.gpu = self.runtime.gpu

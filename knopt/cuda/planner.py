@@ -23,6 +23,7 @@ import numpy as np
 
 from knopt.cuda.cexpr import check_dtype
 from knopt.cuda.context import REGIONS, Buffer, LoweringContext, PlanTensor
+from knopt.cuda.gen.channels_last import assign_layouts
 from knopt.cuda.gen.elementwise import copy_launch
 from knopt.cuda.layout import Layout, view_layout
 from knopt.cuda.lower import lower_kernel
@@ -90,6 +91,7 @@ def build_plan(
     ctx = LoweringContext(precision)
     cached = {s.input: s for s in resident.slots} if resident is not None else {}
     _lay_out_leaves(ctx, program, cached)
+    assign_layouts(ctx, program)  # channels last for regions of half-precision convolutions
     for kernel in program.kernels:
         ctx.where = _describe(kernel)
         if kernel.is_view:

@@ -79,7 +79,7 @@ class ProgramState:
         launches = [x for s in plan.steps for x in kernel_launches(s)]
         if any(library.tokenized(x).structure not in library.families for x in launches):
             self._probe(plan, sizes, resident, dims, layout)
-        found = self.executables[key] = Executable(plan, self.runtime)
+        found = self.executables[key] = Executable(plan, runtime=self.runtime)
         self.stats.bindings += 1
         while len(self.executables) > SIZES_KEPT:
             _, old = self.executables.popitem(last=False)
