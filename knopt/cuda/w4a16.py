@@ -46,7 +46,7 @@ from knopt.errors import CodegenError
 from knopt.ir.dtype import DType
 
 if TYPE_CHECKING:
-    from knopt.cuda.blas import Blas, GemmPlan
+    from knopt.cuda.blas import Blas, BoundGemm
     from knopt.cuda.driver import Gpu
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
@@ -154,8 +154,8 @@ class _Slice:
 
     first: int
     rows: int
-    plain: GemmPlan
-    biased: GemmPlan
+    plain: BoundGemm
+    biased: BoundGemm
 
 
 @dataclass(frozen=True, eq=False)
