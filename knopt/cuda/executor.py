@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,10 @@ from knopt.cuda.planner import Plan
 from knopt.cuda.steps import Buf, Conv, Gemm, Launch, describe_step, kernel_launches
 from knopt.errors import CudaError, InputError
 from knopt.ir.shape import format_shape
+
+if TYPE_CHECKING:
+    from knopt.cuda.blas import Blas
+    from knopt.cuda.dnn import Dnn
 
 MODULE_KERNELS = 24  # kernels per NVRTC translation unit: headers parse once per unit
 GRAPHS_KEPT = 2  # CUDA graphs per plan (one per way the inputs were bound)
@@ -131,8 +135,8 @@ class Runtime:
         self.resident = 0
         self.resident_generation = 0  # the resident region moves when caches grow
         self._shared: dict[str, int] = {}
-        self._blas: Any = None
-        self._dnn: Any = None
+        self.blas: Blas | None = None  # made when a plan first calls cuBLASLt
+        self.dnn: Dnn | None = None  # made when a plan first calls cuDNN
         self._library_plans: dict[Gemm | Conv, Any] = {}
 
     # ---- kernels ----------------------------------------------------------------------------
@@ -198,17 +202,17 @@ class Runtime:
         if canonical not in self._library_plans:
             self.stats.library_plans += 1
             if isinstance(canonical, Gemm):
-                if self._blas is None:
+                if self.blas is None:
                     from knopt.cuda.blas import Blas
 
-                    self._blas = Blas(self.gpu)  # times candidates on the stream
-                self._library_plans[canonical] = self._blas.plan(canonical)
+                    self.blas = Blas(self.gpu)  # times candidates on the stream
+                self._library_plans[canonical] = self.blas.plan(canonical)
             else:
-                if self._dnn is None:
+                if self.dnn is None:
                     from knopt.cuda.dnn import Dnn
 
-                    self._dnn = Dnn(self.gpu)
-                self._library_plans[canonical] = self._dnn.plan(canonical)
+                    self.dnn = Dnn(self.gpu)
+                self._library_plans[canonical] = self.dnn.plan(canonical)
         return self._library_plans[canonical], ids
 
     # ---- memory ----------------------------------------------------------------------------
@@ -292,9 +296,9 @@ class Executable:
         self.plan = plan
         self.runtime = runtime or Runtime(gpu)
         self.gpu = self.runtime.gpu
-        self.kernels = self.runtime.templates(plan)
+        self.launches = self.runtime.templates(plan)
         self.runtime.compile_new()
-        self.runtime.allow_shared(self.kernels)
+        self.runtime.allow_shared(self.launches)
         self.library = {
             i: self.runtime.library_plan(s)
             for i, s in enumerate(plan.steps)
@@ -313,6 +317,22 @@ class Executable:
                 self.gpu.upload(self.inputs + plan.buffers[buffer_id].offset, data)
         self.input_buffers = {name: plan.tensors[tid].buffer for name, tid in plan.inputs}
         self._graphs: OrderedDict[tuple[Binding, tuple[int, ...]], Any] = OrderedDict()
+
+    @property
+    def kernels(self) -> dict[str, Any]:
+        """The compiled kernels this plan launches, by name."""
+        names = {template.name for template, _ in self.launches.values()}
+        return {name: self.runtime.kernels[name] for name in sorted(names)}
+
+    @property
+    def blas(self) -> Blas | None:
+        """The runtime's cuBLASLt plans (None before any GEMM)."""
+        return self.runtime.blas
+
+    @property
+    def dnn(self) -> Dnn | None:
+        """The runtime's cuDNN plans (None before any convolution)."""
+        return self.runtime.dnn
 
     def close(self) -> None:
         """Free what this plan holds alone (its input region and CUDA graphs)."""
@@ -372,7 +392,7 @@ class Executable:
         return calls
 
     def _launcher(self, launch: Launch, bound: Mapping[int, int]) -> Callable[[], None]:
-        template, extra = self.kernels[launch]
+        template, extra = self.launches[launch]
         kernel = self.runtime.kernels[template.name]
         args = [self._address(a.tensor, bound) if isinstance(a, Buf) else a for a in launch.args]
         args += extra

@@ -150,7 +150,7 @@ class FakeLibraryPlan:
 
 
 class _FakeLibrary:
-    def __init__(self) -> None:
+    def __init__(self, gpu: Any = None) -> None:
         self.plans: list[Any] = []
 
     def plan(self, step: Any) -> FakeLibraryPlan:
