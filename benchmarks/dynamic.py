@@ -16,13 +16,16 @@ batch and sequence axes, then compiled once with `dims={"batch": (1, 8, 64), "se
   as a jump and is counted) and steady milliseconds.
 
 Targets (issue #12): knopt's first run at a new size <= 50 ms after the first size, and its
-steady latency within 1.15x of the fixed-size program at every size. Needs a CUDA GPU, torch
-and transformers.
+steady latency within 1.15x of the fixed-size program at every size. A new size also plans its
+GEMMs (a new row count each), and cuBLASLt's candidates are timed once per GEMM shape unless
+`KNOPT_TUNE=0` (the choices are kept on disk, so a second run of this script times nothing);
+the header says which. Needs a CUDA GPU, torch and transformers.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -113,6 +116,8 @@ def main() -> None:
     import torch
 
     count, repeat = (5, 10) if args.quick else (20, 30)
+    tuning = os.environ.get("KNOPT_TUNE", "1").strip() != "0"
+    print(f"cuBLASLt timing of new GEMM shapes: {'on' if tuning else 'off (KNOPT_TUNE=0)'}")
     device = torch.device("cuda")
     with tempfile.TemporaryDirectory() as folder:
         began = time.perf_counter()
