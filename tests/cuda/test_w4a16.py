@@ -70,7 +70,7 @@ def test_w4a16_kernels_compile_for_sm_90(tmp_path, monkeypatch) -> None:
     ("m", "n", "k", "block", "message"),
     [
         (1, 64, 100, 32, "multiple of 8"),
-        (1, 64, 48, 16, "multiple of 32"),  # three blocks of 16
+        (1, 64, 48, 16, "multiple of 32"),  # three blocks of 16, and no cuBLASLt handle
         (0, 64, 64, 32, "positive"),
         (1, 2**20, 4096, 128, "under 2 GiB"),
         (2**19, 64, 4096, 128, "A under 2"),
@@ -80,7 +80,38 @@ def test_sizes_the_kernels_cannot_take_are_refused(
     m: int, n: int, k: int, block: int, message: str
 ) -> None:
     with pytest.raises(CodegenError, match=message):
-        W4A16(DType.F16, block).check(m, n, k)
+        W4A16(DType.F16, block).plan(m, n, k, SMS)
+
+
+class _LibraryGemm:
+    """Stands in for a cuBLASLt plan bound to a step (`knopt.cuda.blas.BoundGemm`)."""
+
+    def __init__(self, step: Any) -> None:
+        self.step = step
+        self.workspace = (3 << 20) if step.bias is not None else (1 << 20)
+        self.calls: list[tuple[dict[int, int], int]] = []
+
+    def enqueue(self, addresses: dict[int, int], workspace: int, stream: int) -> None:
+        self.calls.append((dict(addresses), workspace))
+
+
+class _Library:
+    """Stands in for `knopt.cuda.blas.Blas` on the CPU: plans cost no GPU."""
+
+    def plan(self, step: Any) -> _LibraryGemm:
+        return _LibraryGemm(step)
+
+
+@pytest.mark.parametrize("m", [1, 5, 100, 512])
+def test_a_k_only_the_dequantizer_takes_goes_that_route_at_any_m(m: int) -> None:
+    w4 = W4A16(DType.BF16, 16)  # K = 1032: 65 blocks of 16, 1040 codes a row, not 32s
+    assert not w4.kernels_take(1032) and w4.kernels_take(1024)
+    library: Any = _Library()
+    assert w4.plan(m, 200, 1032, SMS, blas=library).route is Route.DEQUANTIZE
+    with pytest.raises(CodegenError, match="only the dequantize"):
+        w4.plan(m, 200, 1032, SMS)
+    with pytest.raises(CodegenError, match="only the dequantize"):
+        w4.plan(m, 200, 1032, SMS, blas=library, config=DEFAULT_GEMM[0])
 
 
 def test_unknown_formats_are_refused() -> None:
@@ -279,7 +310,11 @@ def test_every_kernel_config_matches_dequantize_then_matmul(
 @pytest.mark.parametrize("dtype", [DType.F16, DType.BF16], ids=lambda d: d.short)
 @pytest.mark.parametrize(
     ("m", "n", "k", "block", "zeros", "bias"),
-    [(512, 200, 1032, 16, True, True), (600, 4096, 4096, 128, True, False)],
+    [
+        (512, 200, 1032, 16, True, True),  # K_pad = 1040: only the dequantizer takes it
+        (5, 72, 1032, 16, False, True),  # ... at any M
+        (600, 4096, 4096, 128, True, False),
+    ],
 )
 def test_dequantize_then_cublaslt_matches(
     device: Device,
