@@ -86,6 +86,27 @@ def test_keys_leave_out_tensors_and_alpha(rng: np.random.Generator) -> None:
     assert f"align{list(halved)}" in blas.gemm_key(narrow, True).text()
 
 
+@pytest.mark.cuda
+def test_the_heuristic_hears_each_alignment_in_cublaslt_order(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (step, *_) = [s for s in build_plan(_program(rng)).steps if isinstance(s, Gemm)]
+    assert step.alignment == (16, 256, 256, 256)  # our a is x, an input bound in place
+    told: dict[object, int] = {}
+    tell = blas._preference
+
+    def record(preference: int, attribute: object, value: int) -> None:
+        told[attribute] = value
+        tell(preference, attribute, value)
+
+    monkeypatch.setattr(blas, "_preference", record)
+    blas.GemmPlan(blas.Blas().handle, blas.gemm_key(step, True))
+    attribute = blas.lt.MatmulPreferenceAttribute
+    # D^T = B^T A^T: cuBLASLt's A is our b (256-byte aligned), its B our a (16).
+    assert told[attribute.MIN_ALIGNMENT_A_BYTES] == 256
+    assert told[attribute.MIN_ALIGNMENT_B_BYTES] == 16
+
+
 def _plans(executable: object) -> list[object]:
     return list(executable.blas._plans.values())  # type: ignore[attr-defined]
 
