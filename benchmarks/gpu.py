@@ -2,8 +2,8 @@
 
 Every side runs the same model with the same random weights on the same input: ResNet-50,
 BERT-base, GPT-2 small, ViT-B/16 and a 1.1B LLaMA-class decoder (sequence 128), at batch 1 and
-32, in strict f32 (TF32 off for torch; knopt may use its 3xTF32 GEMMs, which keep f32
-accuracy) and fp16. Per-call latency is measured the same way for every side: synchronize the
+32, in strict f32 (TF32 off for torch; knopt too, unless KNOPT_SPLIT_F32 opts in to 3xTF32)
+and fp16. Per-call latency is measured the same way for every side: synchronize the
 device, call, synchronize, and the median of many calls after a warm-up is kept. Each row also
 gives the floor, the time the model's matmul/conv/attention FLOPs take at the GPU's measured
 peak for that precision plus the bytes it must move (weights, input, output) at the measured

@@ -27,6 +27,7 @@ Needs a CUDA GPU, torch, nvmath-python and cuda-python.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import itertools
 import json
@@ -62,6 +63,7 @@ from knopt.cuda.w4a16 import (  # noqa: E402
     W4A16Operands,
     W4A16Plan,
 )
+from knopt.errors import KnoptError  # noqa: E402
 from knopt.ir.dtype import DType  # noqa: E402
 
 DATE = datetime.date.today().isoformat()
@@ -151,20 +153,37 @@ class Bench:
         Methods whose name starts with "knopt" launch on knopt's stream and are captured by it;
         the others by torch.
         """
-        inner = {name: self.inner_for(run) for name, run in methods.items()}
+        inner, replays = {}, {}
+        for name, run in methods.items():
+            with _blame(name, row):
+                inner[name] = self.inner_for(run)
         torch.cuda.synchronize()
-        replays = {
-            name: self.capture(run, inner[name], name.startswith("knopt"))
-            for name, run in methods.items()
-        }
+        for name, run in methods.items():
+            with _blame(name, row):
+                replays[name] = self.capture(run, inner[name], name.startswith("knopt"))
         for _ in range(rounds):
             for name, replay in replays.items():
-                row.times.setdefault(name, []).append(self.batch_ms(replay, 1) / inner[name])
+                with _blame(name, row):  # each batch ends synchronized: a fault shows here
+                    row.times.setdefault(name, []).append(self.batch_ms(replay, 1) / inner[name])
         torch.cuda.synchronize()
         for executable in self._graphs:
             self.gpu.release_graph(executable)
         self._graphs.clear()
         self._torch_graphs.clear()
+
+
+@contextlib.contextmanager
+def _blame(method: str, row: Row) -> Iterator[None]:
+    """Name `method` when its work raises, then let the error go on.
+
+    A device fault (an illegal address) leaves the CUDA context unusable, so nothing after it
+    can run in this process: the rows measured so far are already printed.
+    """
+    try:
+        yield
+    except Exception:
+        print(f"  FAILED: {method} at {row.kind} {row.size}", flush=True)
+        raise
 
 
 def _rel_error(mine: torch.Tensor, theirs: torch.Tensor) -> float:
@@ -219,7 +238,7 @@ def int8_rows(bench: Bench, sizes: list[int], rounds: int) -> list[Row]:
         bench.measure(row, methods, rounds)
         rows.append(row)
         plan.close()
-        print(f"  int8 {s}^3 done", flush=True)
+        print("\n".join(row_lines(row)), flush=True)
     return rows
 
 
@@ -231,6 +250,7 @@ class W4Weight:
     scales: torch.Tensor
     zeros: torch.Tensor
     w16: torch.Tensor
+    block: int
 
     @property
     def nbytes(self) -> int:
@@ -248,7 +268,7 @@ def _w4_weight(n: int, k: int, block: int, seed: int) -> W4Weight:
     codes = torch.stack([b & 15, b >> 4], dim=-1).reshape(n, blocks, block).float()
     zero = torch.stack([zeros & 15, zeros >> 4], dim=-1).reshape(n, -1)[:, :blocks].float()
     w16 = ((codes - zero[:, :, None]) * scales.float()[:, :, None]).reshape(n, -1)[:, :k].half()
-    return W4Weight(b, scales, zeros, w16)
+    return W4Weight(b, scales, zeros, w16, block)
 
 
 def w4a16_variants(m: int) -> list[GemvConfig | GemmConfig | Route]:
@@ -283,23 +303,20 @@ def _variant_name(variant: GemvConfig | GemmConfig | Route) -> str:
 def w4a16_rows(
     bench: Bench, ms: list[int], n: int, k: int, block: int, rounds: int, variants: bool
 ) -> list[Row]:
-    """W4A16 against fp16 F.linear with the dequantized weight.
+    """W4A16 against fp16 F.linear with the dequantized weight, M in increasing order.
 
     knopt runs as its rule picks, and with `variants` in every kernel configuration and route.
     With `variants`, M = 1 is also timed cold: each launch of a graph reads the next of enough
     copies of the weights to overflow the L2 cache (50 MB on an H200), as a model's layers do;
-    otherwise back-to-back launches of one product find its weight in L2.
+    otherwise back-to-back launches of one product find its weight in L2. Each row is printed
+    as soon as it is measured.
     """
     w4 = W4A16(DType.F16, block, gemv=EXTRA_GEMV, gemm=DEFAULT_GEMM)
     cubin = nvrtc.compile_cubin(w4.source(), bench.gpu.arch)
     kernels = bench.gpu.load(cubin, w4.kernel_names)
     weight = _w4_weight(n, k, block, 0)
-    copies = max(2, -(-bench.l2_bytes * 2 // weight.nbytes))  # twice L2 for the int4 copies
     rows = []
-    for m in ms:
-        a = torch.randn((m, k), dtype=torch.float16, device="cuda")
-        reference = torch.nn.functional.linear(a.float(), weight.w16.float())
-        torch.cuda.synchronize()  # made on torch's default stream, used on knopt's
+    for m in sorted(ms):
         row = Row(
             "W4A16",
             f"M={m} N={n} K={k}",
@@ -307,64 +324,106 @@ def w4a16_rows(
             weight_bytes=weight.nbytes,
             fp16_bytes=2 * n * k,
         )
-        methods: dict[str, Callable[[], Any]] = {}
-        choices: list[tuple[str, GemvConfig | GemmConfig | Route | None]] = [("knopt W4A16", None)]
-        if variants:
-            choices += [(_variant_name(v), v) for v in w4a16_variants(m)]
-        for name, choice in choices:
-            plan = w4.plan(m, n, k, bench.sm_count, blas=bench.blas, config=choice)
-            run = _w4_launcher(bench, kernels, plan, a, [weight])
-            row.error[name] = _w4_error(bench, run, reference)
-            if not row.error[name] < MAX_W4_ERROR:  # wrong (or NaN): reported, not timed
-                print(f"  WRONG: {name} at M={m}: relative error {row.error[name]:.3g}")
-                continue
-            methods[name] = run
-            if choice is None:
-                row.chosen = plan.kernel if plan.route is not Route.DEQUANTIZE else plan.route.value
-        methods["torch fp16"] = partial(torch.nn.functional.linear, a, weight.w16)
-        if variants and m == 1:
-            cold = [weight] + [_w4_weight(n, k, block, seed) for seed in range(1, copies)]
-            plan = w4.plan(m, n, k, bench.sm_count, blas=bench.blas)
-            methods["knopt W4A16 cold"] = _w4_launcher(bench, kernels, plan, a, cold)
-            fp16_copies = max(2, -(-bench.l2_bytes * 2 // (2 * n * k)))
-            fp16 = itertools.cycle([c.w16 for c in cold[:fp16_copies]])
-            methods["torch fp16 cold"] = partial(_linear_next, a, fp16)
+        a = torch.randn((m, k), dtype=torch.float16, device="cuda")
+        methods = _w4a16_methods(bench, w4, kernels, row, a, weight, variants)
         bench.measure(row, methods, rounds)
         rows.append(row)
-        print(f"  W4A16 M={m} done", flush=True)
+        print("\n".join(row_lines(row)), flush=True)
     return rows
+
+
+def _w4a16_methods(
+    bench: Bench,
+    w4: W4A16,
+    kernels: dict[str, Any],
+    row: Row,
+    a: torch.Tensor,
+    weight: W4Weight,
+    variants: bool,
+) -> dict[str, Callable[[], Any]]:
+    """What one row times: knopt's choices that plan and check out, and torch fp16.
+
+    A choice that is refused (or gets no cuBLASLt algorithm) or computes a wrong result is
+    reported and left out; the row goes on with the others.
+    """
+    m, k = a.shape
+    n = weight.w16.shape[0]
+    reference = torch.nn.functional.linear(a.float(), weight.w16.float())
+    torch.cuda.synchronize()  # made on torch's default stream, used on knopt's
+    methods: dict[str, Callable[[], Any]] = {}
+    choices: list[tuple[str, GemvConfig | GemmConfig | Route | None]] = [("knopt W4A16", None)]
+    if variants:
+        choices += [(_variant_name(v), v) for v in w4a16_variants(m)]
+    for name, choice in choices:
+        try:
+            plan = w4.plan(m, n, k, bench.sm_count, blas=bench.blas, config=choice)
+        except KnoptError as err:
+            print(f"  FAILED: {name} at M={m}: {err}", flush=True)
+            continue
+        run = W4Launch(bench, kernels, plan, a, [weight])
+        row.error[name] = _w4_error(bench, run, reference)
+        if not row.error[name] < MAX_W4_ERROR:  # wrong (or NaN): reported, not timed
+            print(f"  WRONG: {name} at M={m}: relative error {row.error[name]:.3g}", flush=True)
+            continue
+        methods[name] = run
+        if choice is None:
+            row.chosen = plan.kernel if plan.route is not Route.DEQUANTIZE else plan.route.value
+    methods["torch fp16"] = partial(torch.nn.functional.linear, a, weight.w16)
+    if variants and m == 1:
+        copies = max(2, -(-bench.l2_bytes * 2 // weight.nbytes))  # twice L2 for the int4 copies
+        cold = [weight] + [_w4_weight(n, k, weight.block, seed) for seed in range(1, copies)]
+        plan = w4.plan(m, n, k, bench.sm_count, blas=bench.blas)
+        methods["knopt W4A16 cold"] = W4Launch(bench, kernels, plan, a, cold)
+        fp16_copies = max(2, -(-bench.l2_bytes * 2 // (2 * n * k)))
+        fp16 = itertools.cycle([c.w16 for c in cold[:fp16_copies]])
+        methods["torch fp16 cold"] = partial(_linear_next, a, fp16)
+    return methods
 
 
 def _linear_next(a: torch.Tensor, weights: Iterator[torch.Tensor]) -> torch.Tensor:
     return torch.nn.functional.linear(a, next(weights))
 
 
-def _w4_launcher(
-    bench: Bench, kernels: dict[str, Any], plan: W4A16Plan, a: torch.Tensor, weights: list[W4Weight]
-) -> Callable[[], Any]:
-    """What launches `plan` once, on the next of `weights` each call."""
-    m, n, _ = plan.sizes
-    y = torch.empty((m, n), dtype=torch.float16, device="cuda")
-    workspace = torch.empty(max(plan.workspace, 1), dtype=torch.uint8, device="cuda")
-    operands = itertools.cycle(
-        [
-            W4A16Operands(
-                a=a.data_ptr(),
-                b=w.b.data_ptr(),
-                scales=w.scales.data_ptr(),
-                zeros=w.zeros.data_ptr(),
-                y=y.data_ptr(),
-                workspace=workspace.data_ptr() if plan.workspace else 0,
-            )
-            for w in weights
-        ]
-    )
+class W4Launch:
+    """One W4A16 plan, launched on the next of `weights` each call, and the memory it uses.
 
-    def run() -> torch.Tensor:
-        plan.enqueue(bench.gpu, kernels, next(operands))
-        return y
+    It holds its activations, weights, output and workspace for as long as it lives: a CUDA
+    graph captured from it keeps their raw addresses. (Holding only the workspace's address
+    let torch free it at once: the dequantize route then wrote freed memory, harmless until
+    torch.cuda.graph's empty_cache() returned its segment to the driver, after which replays
+    fault with an illegal address, as they did at M = 512 on an H200.)
+    """
 
-    return run
+    def __init__(
+        self,
+        bench: Bench,
+        kernels: dict[str, Any],
+        plan: W4A16Plan,
+        a: torch.Tensor,
+        weights: list[W4Weight],
+    ) -> None:
+        m, n, _ = plan.sizes
+        self.bench, self.kernels, self.plan, self.a, self.weights = bench, kernels, plan, a, weights
+        self.y = torch.empty((m, n), dtype=torch.float16, device="cuda")
+        self.workspace = torch.empty(max(plan.workspace, 1), dtype=torch.uint8, device="cuda")
+        self._operands = itertools.cycle(
+            [
+                W4A16Operands(
+                    a=a.data_ptr(),
+                    b=w.b.data_ptr(),
+                    scales=w.scales.data_ptr(),
+                    zeros=w.zeros.data_ptr(),
+                    y=self.y.data_ptr(),
+                    workspace=self.workspace.data_ptr() if plan.workspace else 0,
+                )
+                for w in weights
+            ]
+        )
+
+    def __call__(self) -> torch.Tensor:
+        """Queue one product on knopt's stream; returns the output it writes."""
+        self.plan.enqueue(self.bench.gpu, self.kernels, next(self._operands))
+        return self.y
 
 
 def _w4_error(bench: Bench, run: Callable[[], Any], reference: Any) -> float:
@@ -375,23 +434,30 @@ def _w4_error(bench: Bench, run: Callable[[], Any], reference: Any) -> float:
     return _rel_error(y, reference)
 
 
+TABLE_HEADER = [
+    "| product | size | method | us | TOPS / TFLOP/s | GB/s (weights) | vs torch fp16 |",
+    "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+]
+
+
 def table(rows: list[Row]) -> list[str]:
     """Markdown: per configuration and method, time, throughput, and speed-up over fp16."""
-    lines = [
-        "| product | size | method | us | TOPS / TFLOP/s | GB/s (weights) | vs torch fp16 |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
-    ]
-    for row in rows:
-        for method in row.times:
-            ms = row.median(method)
-            base = row.median("torch fp16 cold" if method.endswith(" cold") else "torch fp16")
-            rate = row.ops / (ms * 1e-3) / 1e12
-            moved = row.fp16_bytes if method.startswith("torch fp16") else row.weight_bytes
-            gbs = f"{moved / (ms * 1e-3) / 1e9:.0f}" if row.weight_bytes else ""
-            lines.append(
-                f"| {row.kind} | {row.size} | {method} | {ms * 1e3:.1f} | {rate:.1f} | {gbs} | "
-                f"{base / ms:.2f}x |"
-            )
+    return [*TABLE_HEADER, *(line for row in rows for line in row_lines(row))]
+
+
+def row_lines(row: Row) -> list[str]:
+    """The table's lines of one configuration."""
+    lines = []
+    for method in row.times:
+        ms = row.median(method)
+        base = row.median("torch fp16 cold" if method.endswith(" cold") else "torch fp16")
+        rate = row.ops / (ms * 1e-3) / 1e12
+        moved = row.fp16_bytes if method.startswith("torch fp16") else row.weight_bytes
+        gbs = f"{moved / (ms * 1e-3) / 1e9:.0f}" if row.weight_bytes else ""
+        lines.append(
+            f"| {row.kind} | {row.size} | {method} | {ms * 1e3:.1f} | {rate:.1f} | {gbs} | "
+            f"{base / ms:.2f}x |"
+        )
     return lines
 
 
@@ -468,6 +534,7 @@ def main() -> int:
     bench = Bench()
     outputs = [o.value for o in supported_outputs(bench.blas.handle, 1024, 1024, 1024)]
     print(f"{bench.gpu.name}: cuBLASLt IMMA outputs {outputs}", flush=True)
+    print("\n".join(TABLE_HEADER), flush=True)
     if args.w4a16_only:
         ms = [1, 8, 16, 128, 1024] if args.quick else W4_MS
         rows = w4a16_rows(bench, ms, 4096, 4096, 128, rounds, variants=True)

@@ -6,8 +6,9 @@
 //   scales  T [N, k_blocks];
 //   zeros   uint8 [N, ceil(k_blocks / 2)], two 4-bit zero points a byte, or null (then 8);
 //   W[n, k] = (code - zero) * scale, rounded once to T (as "dequantize, then multiply").
-// Sizes are arguments. Needs K % 8 == 0 (16-byte rows of A) and K_pad % 32 == 0 (16-byte weight
-// loads); knopt/cuda/w4a16.py checks both before it launches anything.
+// Sizes are arguments. Needs K % 8 == 0 (16-byte rows of A), and the GEMV and GEMM K_pad % 32 == 0
+// (16-byte weight loads; the dequantizer reads 8 bytes at a time, which any K_pad allows);
+// knopt/cuda/w4a16.py checks both before it launches anything.
 //
 // The kernels dequantize in registers and multiply on the tensor cores with mma.m16n8k16 (fp32
 // accumulation), with the weight as the 16-row operand and A as the 8-column one ("swap AB"): a
@@ -562,30 +563,31 @@ __device__ __forceinline__ void gemm(const T* __restrict__ a, const u8* __restri
 }
 
 // ---- the weight in T, for a library GEMM: W[n, k] (row-major, K a row) ------------------------
-// One thread a 16-byte piece of codes (32 k of one row), written as four 16-byte pieces of T in
-// natural order.
+// One thread an 8-byte piece of codes (16 k of one row: a row is K_pad / 2 bytes, a multiple of 8
+// for every block size, so pieces never straddle rows and their loads are aligned), written as
+// two 16-byte pieces of T in natural order (K % 8 == 0: the pieces past K are not written).
 template <typename T, int BLOCK>
 __device__ __forceinline__ void dequantize(const u8* __restrict__ b, const T* __restrict__ scales,
                                            const u8* __restrict__ zeros, T* __restrict__ w, int n,
                                            int k) {
   const int blocks = (k + BLOCK - 1) / BLOCK;
-  const int pieces_a_row = blocks * BLOCK / 32;
+  const int pieces_a_row = blocks * BLOCK / 16;
   const size_t pieces = (size_t)n * pieces_a_row;
   const unsigned short* scale_bits = reinterpret_cast<const unsigned short*>(scales);
   for (size_t p = (size_t)blockIdx.x * blockDim.x + threadIdx.x; p < pieces;
        p += (size_t)gridDim.x * blockDim.x) {
     const size_t row = p / pieces_a_row;
-    const int k0 = (int)(p % pieces_a_row) * 32;
-    const uint4 codes = __ldcs(reinterpret_cast<const uint4*>(b) + p);
+    const int k0 = (int)(p % pieces_a_row) * 16;
+    const uint2 codes = __ldcs(reinterpret_cast<const uint2*>(b) + p);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 2; ++i) {
       const int kk = k0 + 8 * i;
       const int blk = kk / BLOCK;
       const u32 scale = (u32)scale_bits[row * blocks + blk] * 0x00010001u;
       const u32 zero =
           zeros ? (zeros[row * ((blocks + 1) / 2) + (blk >> 1)] >> ((blk & 1) * 4)) & 15u : 8u;
       u32 pairs[4];
-      natural<T>(word(codes, i), zero, scale, pairs);
+      natural<T>(i == 0 ? codes.x : codes.y, zero, scale, pairs);
       if (kk < k) {
         *reinterpret_cast<uint4*>(w + row * k + kk) =
             make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);

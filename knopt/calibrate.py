@@ -11,7 +11,7 @@ time per op of a chain of 65 tiny ops over a chain of 1.
 On "cuda" every time is device time between CUDA events around replays of the captured graph:
 bandwidth from the Add, launch from the chains (so it is the cost of a kernel inside a CUDA
 graph), and each peak fitted to library kernels at several shapes, the GEMMs of transformers
-at batch 1 and 32 and large square ones (cuBLASLt, with knopt's 3xTF32 in f32 where it pays)
+at batch 1 and 32 and large square ones (cuBLASLt; 3xTF32 in f32 where `KNOPT_SPLIT_F32` opts in)
 and two chained ResNet convolutions (cuDNN, channels last in f16): the peak whose roofline
 `launch + max(bytes / bandwidth, flops / peak)` best predicts those times (least squares of
 the log ratio), so extraction's estimates track what the device does at the sizes models use.

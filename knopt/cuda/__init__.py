@@ -39,7 +39,7 @@ def prepare(program: Program, precision: str = "f32") -> Executable:
 
     Args:
         program: The kernels to run, such as `knopt.ir.program.program_from_graph(graph)`.
-        precision: "f32" (f32 accuracy: strict, or 3xTF32 GEMMs where they pay), "tf32"
+        precision: "f32" (strict; 3xTF32 GEMMs only where `KNOPT_SPLIT_F32` opts in), "tf32"
             (plain TF32 GEMMs and convolutions), "fp16" or "bf16".
 
     Raises:

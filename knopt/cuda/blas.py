@@ -197,7 +197,10 @@ class GemmPlan:
         preference = _call("matmul_preference_create", lt.matmul_preference_create)
         attribute = lt.MatmulPreferenceAttribute
         _preference(preference, attribute.MAX_WORKSPACE_BYTES, WORKSPACE_LIMIT)
-        for name, value in zip("ABCD", self.key.alignment, strict=True):
+        a, b, c, d = self.key.alignment
+        # cuBLASLt's A is our b and its B our a (the module docstring): told the other way
+        # round, it may pick vector loads wider than the less aligned operand allows.
+        for name, value in zip("ABCD", (b, a, c, d), strict=True):
             _preference(preference, getattr(attribute, f"MIN_ALIGNMENT_{name}_BYTES"), value)
         results = np.zeros(CANDIDATES, dtype=lt.matmul_heuristic_result_dtype)
         count = np.zeros(1, dtype=np.int32)

@@ -15,7 +15,8 @@ Three routes, chosen per shape by `W4A16.plan` (Route):
 * DEQUANTIZE, M >= DEQUANTIZE_MIN_M with a cuBLASLt handle: the weight dequantized to A's type
   into the workspace (in slices of at most DEQUANTIZE_LIMIT bytes), then cuBLASLt's GEMM. At
   large M the GEMM's work dwarfs one pass over the weight, and cuBLASLt's wgmma kernels
-  outrun the mma.sync tensor-core kernel.
+  outrun the mma.sync tensor-core kernel. It is also the route, at any M, for a K the GEMV
+  and GEMM kernels cannot take (`W4A16.kernels_take`: blocks of 16 making K_pad 16 mod 32).
 
 The rule, from what an H200 should do at N = K = 4096 (8.4 MB of int4 weight, scales and zero
 points; about 4 TB/s from HBM, ~600 TFLOP/s of mma.sync; torch's fp16 GEMV reads 33.5 MB in
@@ -58,6 +59,7 @@ DEQUANTIZE_MIN_M = 512  # expected: ~10 us to dequantize 4096^2 < what cuBLASLt 
 DEQUANTIZE_LIMIT = 64 * 2**20  # bytes of dequantized weight a slice (whole 128-row groups:
 # outputs 256-byte aligned, as cuBLASLt's heuristic assumes)
 DEQUANTIZE_THREADS = 256
+DEQUANTIZE_PIECE = 8  # bytes of codes (16 k) a dequantizer thread reads: rows are kp / 2 bytes
 _ALIGN = 256
 _C_TYPES = {DType.F16: "__half", DType.BF16: "__nv_bfloat16"}
 _PRECISION = {DType.F16: "fp16", DType.BF16: "bf16"}
@@ -210,7 +212,7 @@ class W4A16Plan:
         library = o.workspace + _aligned(self.slices[0].rows * k * element)
         for part in self.slices:
             first, rows = part.first, part.rows
-            pieces = rows * row_bytes // 16
+            pieces = rows * row_bytes // DEQUANTIZE_PIECE
             grid = (min(-(-pieces // self.threads), self.grid[0]), 1, 1)
             gpu.launch(
                 kernel,
@@ -317,13 +319,12 @@ class W4A16:
         return -(-k // self.block) * self.block
 
     def check(self, m: int, n: int, k: int) -> None:
-        """Refuse sizes the kernels cannot take.
+        """Refuse sizes no route can take.
 
         Raises:
             CodegenError: If a size is not positive, K is not a multiple of 8 (16-byte rows of
-                A), K padded to blocks is not a multiple of 32 (16-byte weight loads), or the
-                packed weight has 2^31 bytes or more, or A 2^31 elements (the kernels' 32-bit
-                offsets).
+                A and of the dequantized weight), or the packed weight has 2^31 bytes or more,
+                or A 2^31 elements (the kernels' 32-bit offsets).
         """
         if min(m, n, k) < 1:
             raise CodegenError(f"W4A16 sizes must be positive, got M={m}, N={n}, K={k}")
@@ -335,11 +336,14 @@ class W4A16:
             raise CodegenError(f"W4A16 needs A under 2^31 elements, got M={m}, K={k}: split M")
         if k % 8:
             raise CodegenError(f"W4A16 needs K to be a multiple of 8, got {k}")
-        if self.padded_k(k) % 32:
-            raise CodegenError(
-                f"W4A16 needs K padded to blocks of {self.block} to be a multiple of 32, got "
-                f"{self.padded_k(k)}"
-            )
+
+    def kernels_take(self, k: int) -> bool:
+        """Whether the GEMV and GEMM kernels take K (the DEQUANTIZE route takes any `check` does).
+
+        Their lanes load 16 bytes (32 codes) of a weight row at a time, so K padded to blocks
+        must be a multiple of 32; the dequantizer reads 8 bytes at a time (DEQUANTIZE_PIECE).
+        """
+        return self.padded_k(k) % 32 == 0
 
     def plan(
         self,
@@ -353,7 +357,8 @@ class W4A16:
         """How to compute one product: the rule's route and kernel, or `config`'s.
 
         The rule: M <= 8 takes the GEMV, M >= DEQUANTIZE_MIN_M with `blas` the DEQUANTIZE
-        route, anything else the GEMM with the smallest column tile that holds M (16, 32, 64).
+        route, anything else the GEMM with the smallest column tile that holds M (16, 32, 64);
+        a K the kernels cannot take (`kernels_take`) goes the DEQUANTIZE route at any M.
         A cluster splits K into the fewest parts (of those compiled) that make two blocks an SM
         (one for the GEMV, whose blocks hold 8 warps), keeping two chunks a part.
 
@@ -368,15 +373,23 @@ class W4A16:
 
         Raises:
             CodegenError: If the sizes are refused (see `check`), `config` is not compiled in
-                or does not fit M, or DEQUANTIZE is asked for without `blas`.
+                or does not fit M, DEQUANTIZE is asked for without `blas`, or the kernels
+                cannot take K and there is no `blas` (or `config` names a kernel).
         """
         self.check(m, n, k)
+        kernels = self.kernels_take(k)
         if config is Route.DEQUANTIZE or (
-            config is None and blas is not None and m >= DEQUANTIZE_MIN_M
+            config is None and blas is not None and (m >= DEQUANTIZE_MIN_M or not kernels)
         ):
             if blas is None:
                 raise CodegenError(f"{self.name}: the dequantize route needs a cuBLASLt handle")
             return self._dequantize_plan(m, n, k, sm_count, blas)
+        if not kernels:
+            raise CodegenError(
+                f"{self.name}: the GEMV and GEMM kernels need K padded to blocks of {self.block} "
+                f"to be a multiple of 32, got {self.padded_k(k)}: only the dequantize + cuBLASLt "
+                "route takes it (give a cuBLASLt handle)"
+            )
         if config is None:
             config = self._rule(m, n, k, sm_count)
         if isinstance(config, GemvConfig):

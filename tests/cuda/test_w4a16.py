@@ -70,7 +70,7 @@ def test_w4a16_kernels_compile_for_sm_90(tmp_path, monkeypatch) -> None:
     ("m", "n", "k", "block", "message"),
     [
         (1, 64, 100, 32, "multiple of 8"),
-        (1, 64, 48, 16, "multiple of 32"),  # three blocks of 16
+        (1, 64, 48, 16, "multiple of 32"),  # three blocks of 16, and no cuBLASLt handle
         (0, 64, 64, 32, "positive"),
         (1, 2**20, 4096, 128, "under 2 GiB"),
         (2**19, 64, 4096, 128, "A under 2"),
@@ -80,7 +80,38 @@ def test_sizes_the_kernels_cannot_take_are_refused(
     m: int, n: int, k: int, block: int, message: str
 ) -> None:
     with pytest.raises(CodegenError, match=message):
-        W4A16(DType.F16, block).check(m, n, k)
+        W4A16(DType.F16, block).plan(m, n, k, SMS)
+
+
+class _LibraryGemm:
+    """Stands in for a cuBLASLt plan bound to a step (`knopt.cuda.blas.BoundGemm`)."""
+
+    def __init__(self, step: Any) -> None:
+        self.step = step
+        self.workspace = (3 << 20) if step.bias is not None else (1 << 20)
+        self.calls: list[tuple[dict[int, int], int]] = []
+
+    def enqueue(self, addresses: dict[int, int], workspace: int, stream: int) -> None:
+        self.calls.append((dict(addresses), workspace))
+
+
+class _Library:
+    """Stands in for `knopt.cuda.blas.Blas` on the CPU: plans cost no GPU."""
+
+    def plan(self, step: Any) -> _LibraryGemm:
+        return _LibraryGemm(step)
+
+
+@pytest.mark.parametrize("m", [1, 5, 100, 512])
+def test_a_k_only_the_dequantizer_takes_goes_that_route_at_any_m(m: int) -> None:
+    w4 = W4A16(DType.BF16, 16)  # K = 1032: 65 blocks of 16, 1040 codes a row, not 32s
+    assert not w4.kernels_take(1032) and w4.kernels_take(1024)
+    library: Any = _Library()
+    assert w4.plan(m, 200, 1032, SMS, blas=library).route is Route.DEQUANTIZE
+    with pytest.raises(CodegenError, match="only the dequantize"):
+        w4.plan(m, 200, 1032, SMS)
+    with pytest.raises(CodegenError, match="only the dequantize"):
+        w4.plan(m, 200, 1032, SMS, blas=library, config=DEFAULT_GEMM[0])
 
 
 def test_unknown_formats_are_refused() -> None:
@@ -140,6 +171,104 @@ def test_every_default_config_has_a_kernel_name() -> None:
     assert len(set(names)) == len(DEFAULT_GEMV) + len(DEFAULT_GEMM) + 1
     assert all(n.startswith("w4a16_bf16_b32_") for n in names)
     assert names[-1] == "w4a16_bf16_b32_dequantize"
+
+
+class _Launches:
+    """Stands in for `knopt.cuda.driver.Gpu`: records kernel launches instead of making them."""
+
+    stream_handle = 0
+
+    def __init__(self) -> None:
+        self.args: list[tuple[Any, ...]] = []
+
+    def launch(self, kernel: Any, grid: Any, block: Any, shared: int, args: Any) -> None:
+        assert grid[0] >= 1 and block == (w4a16.DEQUANTIZE_THREADS, 1, 1) and shared == 0
+        self.args.append(tuple(args))
+
+
+def _inside(buffers: dict[str, tuple[int, int]], name: str, start: int, nbytes: int) -> None:
+    base, size = buffers[name]
+    assert base <= start and start + nbytes <= base + size, f"{name}: {start - base} + {nbytes}"
+
+
+def _extent(operand: Any, element: int) -> int:
+    """Bytes from a matrix's first element to past its last."""
+    rows, cols = operand.rows, operand.cols
+    return ((rows - 1) * operand.row_stride + (cols - 1) * operand.col_stride + 1) * element
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "block", "dtype", "slice_rows"),
+    [
+        (512, 4096, 4096, 128, DType.F16, None),  # the benchmark's first dequantize row
+        (1024, 11008, 4096, 128, DType.BF16, None),  # 86 MiB dequantized: two slices
+        (600, 4096, 4096, 128, DType.F16, 128),  # 32 slices
+        (512, 200, 1032, 16, DType.BF16, 128),  # K_pad 1040; a last slice of 72 rows
+        (3, 136, 264, 16, DType.F16, None),  # K_pad 272 at small M; 264 is 8 past 256
+    ],
+)
+def test_the_dequantize_route_stays_inside_its_buffers(
+    monkeypatch: pytest.MonkeyPatch,
+    m: int,
+    n: int,
+    k: int,
+    block: int,
+    dtype: DType,
+    slice_rows: int | None,
+) -> None:
+    # Every range a dequantizer launch reads or writes (by the kernel's indexing: 8-byte pieces
+    # of rows of K_pad / 2 bytes) and every matrix cuBLASLt is told about lies inside the
+    # buffer it is given, with the alignment the GEMM plans assume.
+    if slice_rows is not None:
+        monkeypatch.setattr(w4a16, "DEQUANTIZE_LIMIT", slice_rows * k * dtype.itemsize)
+    w4 = W4A16(dtype, block)
+    library: Any = _Library()
+    plan = w4.plan(m, n, k, SMS, blas=library)
+    assert plan.route is Route.DEQUANTIZE
+    element, blocks = dtype.itemsize, -(-k // block)
+    row_bytes, zero_bytes = w4.padded_k(k) // 2, -(-blocks // 2)
+    sizes = {
+        "a": m * k * element,
+        "b": n * row_bytes,
+        "scales": n * blocks * element,
+        "zeros": n * zero_bytes,
+        "bias": n * element,
+        "y": m * n * element,
+        "workspace": plan.workspace,
+    }
+    buffers = {name: ((i + 1) << 40, size) for i, (name, size) in enumerate(sizes.items())}
+    operands = W4A16Operands(**{name: base for name, (base, _) in buffers.items()})
+    gpu = _Launches()
+    plan.enqueue(gpu, {plan.kernel: None}, operands)  # type: ignore[arg-type]
+
+    weight_end = operands.workspace + max(part.rows for part in plan.slices) * k * element
+    assert [(p.first, p.rows) for p in plan.slices] == [
+        (first, min(n - first, plan.slices[0].rows)) for first in range(0, n, plan.slices[0].rows)
+    ]
+    assert len(gpu.args) == len(plan.slices)
+    for part, (b, scales, zeros, weight, *ints) in zip(plan.slices, gpu.args, strict=True):
+        rows = int(ints[0])  # the kernel's (int32) rows and K
+        assert (rows, int(ints[1])) == (part.rows, k) and weight == operands.workspace
+        assert b % w4a16.DEQUANTIZE_PIECE == 0 and rows * row_bytes % w4a16.DEQUANTIZE_PIECE == 0
+        _inside(buffers, "b", b, rows * row_bytes)
+        _inside(buffers, "scales", scales, rows * blocks * element)
+        _inside(buffers, "zeros", zeros, rows * zero_bytes)
+        _inside(buffers, "workspace", weight, rows * k * element)
+        assert weight + rows * k * element <= weight_end
+        plain: Any = part.plain
+        biased: Any = part.biased
+        assert plain.calls == [] and len(biased.calls) == 1  # a bias was given
+        (addresses, scratch), step = biased.calls[0], biased.step
+        assert addresses[step.a.tensor] == operands.a and addresses[step.b.tensor] == weight
+        _inside(buffers, "a", addresses[step.a.tensor], _extent(step.a, element))
+        _inside(buffers, "workspace", weight, _extent(step.b, element))
+        assert _extent(step.b, element) <= weight_end - weight
+        _inside(buffers, "y", addresses[step.d.tensor], _extent(step.d, element))
+        _inside(buffers, "bias", addresses[step.bias], step.d.cols * element)
+        _inside(buffers, "workspace", scratch, biased.workspace)
+        assert scratch >= weight_end
+        for address in (addresses[step.d.tensor], addresses[step.bias], weight, scratch):
+            assert address % 256 == 0  # the GEMM plans' alignment (Gemm's default)
 
 
 # ---- on the GPU ----------------------------------------------------------------------------
@@ -279,7 +408,11 @@ def test_every_kernel_config_matches_dequantize_then_matmul(
 @pytest.mark.parametrize("dtype", [DType.F16, DType.BF16], ids=lambda d: d.short)
 @pytest.mark.parametrize(
     ("m", "n", "k", "block", "zeros", "bias"),
-    [(512, 200, 1032, 16, True, True), (600, 4096, 4096, 128, True, False)],
+    [
+        (512, 200, 1032, 16, True, True),  # K_pad = 1040: only the dequantizer takes it
+        (5, 72, 1032, 16, False, True),  # ... at any M
+        (600, 4096, 4096, 128, True, False),
+    ],
 )
 def test_dequantize_then_cublaslt_matches(
     device: Device,
@@ -298,3 +431,49 @@ def test_dequantize_then_cublaslt_matches(
     plan = W4A16(dtype, block).plan(m, n, k, device.sm_count, blas=blas)
     assert plan.route is Route.DEQUANTIZE and len(plan.slices) == -(-n // 128)
     _check(device, _only(dtype, block, None), (m, n, k), zeros, bias, Route.DEQUANTIZE, blas)
+
+
+@pytest.mark.cuda
+def test_every_route_at_m512_n4096_k4096_also_in_a_graph(device: Device, blas: Any) -> None:
+    # The benchmark's first row whose rule takes the dequantize route (N = K = 4096, blocks of
+    # 128, zero points), with the GEMMs it times there: each eagerly, then as it is timed, a
+    # CUDA graph of several launches replayed twice. The output starts as NaN each time.
+    m, n, k, block, dtype = 512, 4096, 4096, 128, DType.F16
+    configs = tuple(c for c in DEFAULT_GEMM if c.bm == 64)
+    w4 = W4A16(dtype, block, (), configs)
+    assert w4.plan(m, n, k, device.sm_count, blas=blas).route is Route.DEQUANTIZE
+    kernels = _kernels(device, w4)
+    rng = np.random.default_rng(512)
+    weight = random_nbits(rng, n, k, block, dtype, True)
+    a = rng.standard_normal((m, k)).astype(NUMPY[dtype])
+    rounded = a.astype(np.float64) @ weight.dequantized(dtype).T
+    ulp, peak = 2.0**-10, float(np.abs(rounded).max())
+    inputs = {
+        "a": device.put(a),
+        "b": device.put(weight.b),
+        "scales": device.put(weight.scales),
+        "zeros": device.put(weight.zeros),
+    }
+    gpu = device.gpu
+    choices: tuple[GemmConfig | Route, ...] = (Route.DEQUANTIZE, *configs)
+    for choice in choices:
+        plan = w4.plan(m, n, k, device.sm_count, blas=blas, config=choice)
+        operands = W4A16Operands(
+            **inputs, y=device.empty(m * n * 2), workspace=device.empty(plan.workspace)
+        )
+        for graph in (False, True):
+            gpu.fill(operands.y, 0xFF, m * n * 2)
+            if graph:
+                gpu.begin_capture()
+                for _ in range(3):
+                    plan.enqueue(gpu, kernels, operands)
+                executable = gpu.end_capture()
+                gpu.replay(executable)
+                gpu.replay(executable)
+                gpu.sync()
+                gpu.release_graph(executable)
+            else:
+                plan.enqueue(gpu, kernels, operands)
+            ours = device.get(operands.y, (m, n), NUMPY[dtype]).astype(np.float64)
+            where = f"{plan.kernel} {'in a graph' if graph else 'eagerly'}"
+            np.testing.assert_allclose(ours, rounded, rtol=ulp, atol=ulp * peak, err_msg=where)

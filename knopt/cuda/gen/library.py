@@ -5,7 +5,7 @@ residual, RELU) goes into the call, with an in-place elementwise kernel as its f
 the library decline at plan-building time. Any other epilogue runs as its own elementwise
 kernel over the library's result. Dtypes and ranks the libraries lack use direct kernels.
 
-Strict f32 GEMMs that are compute-bound run as one 3xTF32 GEMM (`knopt.cuda.gen.split`);
+Strict f32 GEMMs run as one 3xTF32 GEMM where `KNOPT_SPLIT_F32` opts in (`gen.split`);
 convolutions whose output `knopt.cuda.gen.channels_last` stored channels last run so in cuDNN.
 """
 

@@ -1,24 +1,38 @@
-"""Strict-f32 GEMMs on TF32 tensor cores, split in three ("3xTF32").
+"""Strict-f32 GEMMs on TF32 tensor cores, split in three ("3xTF32"): an opt-in.
 
 Each f32 operand element is `x = hi + lo`: `hi` is `x` rounded to TF32 (10 mantissa bits) and
 `lo = x - hi` is exact in f32, with |lo| <= 2^-11 |x|. Then
 
-    a @ b = hi_a @ hi_b + hi_a @ lo_b + lo_a @ hi_b  (+ lo_a @ lo_b, below f32's rounding)
+    a @ b = hi_a @ lo_b + lo_a @ hi_b + hi_a @ hi_b  (+ lo_a @ lo_b, below f32's rounding)
 
-and TF32 keeps 11 of lo's at most 13 significant bits, so every product is good to about 2^-21
-relative, and sums accumulate in f32: results stay at strict f32's error level (measured in
-tests/cuda/test_split.py). The three products are ONE TF32 GEMM of thrice the depth, over
-operands laid side by side, `[hi_a | hi_a | lo_a] @ [hi_b ; lo_b ; hi_b]`, with the step's
-epilogue unchanged. Constant operands (weights) are split once on the host; any other operand
-by a kernel (codegen/tf32_split.cu), once per tensor however many GEMMs read it. One difference
-from strict f32 remains: an infinite operand element meets the zero `lo` of the other operand
-(`inf * 0`), so a result strict f32 makes infinite comes out NaN.
+and the tensor cores keep 11 of lo's at most 13 significant bits (they ignore the low 13 bits
+of an f32 input), so every product is good to about 2^-21 relative: summed exactly, the split
+is off by ~1e-7 (tests/cuda/test_split.py). The three products are ONE TF32 GEMM of thrice
+the depth, over operands laid side by side, `[hi_a | lo_a | hi_a] @ [lo_b ; hi_b ; hi_b]`, with
+the step's epilogue unchanged. Constant operands (weights) are split once on the host; any
+other operand by a kernel (codegen/tf32_split.cu), once per tensor however many GEMMs read it.
 
-Whether it pays is the cost model's roofline (`split_pays`): three times the arithmetic at the
-TF32 rate and three times the operand reads, plus the splitting kernels, against one strict
-GEMM at the f32 SIMT rate. Large GEMMs are compute-bound and win (the H200's TF32 tensor cores
-are about 7x its f32 rate); at batch 1 weight reads dominate and three GEMMs' worth loses.
-`KNOPT_SPLIT_F32` = auto (default) | always | never overrides the choice.
+Why it is not the default: the sums are not those of strict f32. A tensor core adds each MMA's
+products to its f32 accumulator with truncation, not rounding to nearest (Fasi, Higham,
+Mikaitis and Pranesh, "Numerical behavior of NVIDIA tensor cores", PeerJ CS 2021; Ootomo and
+Yokota, 2022, who recover f32 accuracy only by accumulating outside the tensor cores, which
+cuBLASLt does not offer). Each of the GEMM's 3K/8 MMA steps (8 deep in TF32) then loses up
+to an ulp of the accumulator, always towards zero, so the error grows linearly in K (about
+2^-23 K/8) instead of like strict f32's sqrt(K) 2^-24. On an H200, at 512 x 768 x 640 with the
+big products first, 3xTF32 was off by 8.0e-6 (relative, Frobenius norm), where a sequential
+f32 sum is off by ~5e-7 and the split summed exactly by ~7e-8; a CPU model of truncating
+8-deep steps gives 1.05e-5 there. The small products come first (above) so that they are
+summed while the accumulator is still small: in that model the error drops to 2.4e-6, still
+above strict f32's level, which issue #13 requires.
+
+`KNOPT_SPLIT_F32` = never (default: strict f32 GEMMs) | auto | always. `auto` splits where
+the cost model's roofline says it pays (`split_pays`): three times the arithmetic at the TF32
+rate and three times the operand reads, plus the splitting kernels, against one strict GEMM
+at the f32 SIMT rate (large GEMMs are compute-bound and win; the H200's TF32 tensor cores are
+about 7x its f32 rate; at batch 1 weight reads dominate and three GEMMs' worth loses).
+`always` splits every strict f32 GEMM. One more difference from strict f32: an infinite
+operand element meets the zero `lo` of the other operand (`inf * 0`), so a result strict f32
+makes infinite comes out NaN.
 """
 
 from __future__ import annotations
@@ -42,17 +56,19 @@ THREADS = 256
 # TF32 tensor cores run at half the f16 rate on Ampere and Hopper (H100/H200: 495 against 990
 # dense TFLOP/s), so the profile's f16 peak gives the TF32 one.
 TF32_PER_F16 = 0.5
-# (first, second, third) of each side: a = [hi | hi | lo] along K, b = [hi ; lo ; hi].
-_PARTS = {"a": ("hi", "hi", "lo"), "b": ("hi", "lo", "hi")}
+DEFAULT_POLICY = "never"  # 3xTF32's error grows with K beyond strict f32's (module docstring)
+# (first, second, third) of each side: a = [hi | lo | hi] along K, b = [lo ; hi ; hi], so the
+# two small products come first along K (module docstring).
+_PARTS = {"a": ("hi", "lo", "hi"), "b": ("lo", "hi", "hi")}
 
 
 def policy() -> str:
-    """The split policy from `KNOPT_SPLIT_F32` (auto, always or never).
+    """The split policy from `KNOPT_SPLIT_F32` (never, the default; auto or always).
 
     Raises:
         KnoptError: If the variable holds something else.
     """
-    value = os.environ.get(SPLIT_ENV, "auto").strip().lower() or "auto"
+    value = os.environ.get(SPLIT_ENV, DEFAULT_POLICY).strip().lower() or DEFAULT_POLICY
     if value not in POLICIES:
         raise KnoptError(f"{SPLIT_ENV}={value!r} is not one of {', '.join(POLICIES)}")
     return value
