@@ -22,12 +22,14 @@ from knopt.errors import (
     InvalidGraphError,
     InvalidModelError,
     KnoptError,
+    MemoryLimitError,
     OptimizeError,
     RuleFileError,
     SymbolicSizeError,
     UnsupportedModelError,
 )
 from knopt.ir.graph import Graph
+from knopt.ir.memory import set_memory_limit
 from knopt.session import PerSizeSession, Session
 
 if TYPE_CHECKING:
@@ -133,6 +135,7 @@ __all__ = [
     "InvalidGraphError",
     "InvalidModelError",
     "KnoptError",
+    "MemoryLimitError",
     "OptimizeError",
     "RuleFileError",
     "Session",
@@ -142,4 +145,5 @@ __all__ = [
     "load",
     "optimize",
     "save",
+    "set_memory_limit",
 ]

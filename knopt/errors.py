@@ -45,6 +45,13 @@ class InputError(KnoptError):
     """The inputs given to a session do not match the model (names, shapes, dtypes)."""
 
 
+class MemoryLimitError(KnoptError):
+    """A tensor would exceed the memory budget (`knopt.set_memory_limit`, `KNOPT_MEMORY_LIMIT`).
+
+    Raised before anything is allocated, naming the node or file that asked for it.
+    """
+
+
 class RuleFileError(KnoptError):
     """A rule file failed to parse or type-check, or a rule misbehaved at run time."""
 

@@ -19,13 +19,13 @@ from typing import Any, TypeAlias
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from knopt.errors import SymbolicSizeError, UnsupportedModelError
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.shape import Sym
+from knopt.onnx.data import tensor_array
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,7 +195,7 @@ class Attributes:
     def tensor(self, name: str) -> np.ndarray | None:
         """A TENSOR attribute as an array, or None."""
         attr = self._get(name, onnx.AttributeProto.TENSOR)
-        return None if attr is None else numpy_helper.to_array(attr.t)
+        return None if attr is None else tensor_array(attr.t, f"{self.where}: attribute '{name}'")
 
     def tensor_proto(self, name: str) -> onnx.TensorProto | None:
         """A TENSOR attribute as its proto, or None."""

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import numpy_helper
 
 from knopt.errors import (
     InputError,
@@ -25,8 +24,9 @@ from knopt.errors import (
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Value
-from knopt.ir.shape import Dim, numel, sym
-from knopt.ir.validate import MAX_ELEMENTS, validate
+from knopt.ir.memory import check_shape
+from knopt.ir.shape import Dim, sym
+from knopt.ir.validate import validate
 from knopt.onnx import ops as _ops  # noqa: F401  (registers the importers)
 from knopt.onnx.context import (
     Attributes,
@@ -37,6 +37,7 @@ from knopt.onnx.context import (
     SizeComputationRequired,
     find_importer,
 )
+from knopt.onnx.data import prepare_data, tensor_array
 from knopt.onnx.fold import fold_node
 from knopt.onnx.order import undefined_input_error
 
@@ -46,11 +47,13 @@ MIN_OPSET = 7
 def load_model(source: str | os.PathLike[str] | bytes) -> onnx.ModelProto:
     """Read an ONNX model from a path or bytes, with its external data.
 
-    External data must lie inside the model's own folder.
+    External data (of any tensor anywhere in the model) must lie inside the model's own
+    folder; a model given as bytes may have none.
 
     Raises:
-        InvalidModelError: If the file is missing, truncated, not ONNX, or its external data
-            is missing or points outside the model's folder.
+        InvalidModelError: If the file is missing, truncated, not ONNX, has text that is not
+            UTF-8, or its external data is missing or points outside the model's folder.
+        MemoryLimitError: If external data is larger than the memory budget.
     """
     if isinstance(source, bytes):
         return _parse(source, "the given bytes", None)
@@ -70,63 +73,8 @@ def _parse(data: bytes, where: str, folder: Path | None) -> onnx.ModelProto:
         raise InvalidModelError(
             f"{where}: not an ONNX model (no graph or no opset); is the file truncated?"
         )
-    _load_external_data(model, where, folder)
+    prepare_data(model, where, folder)
     return model
-
-
-def _load_external_data(model: onnx.ModelProto, where: str, folder: Path | None) -> None:
-    for tensor in _all_tensors(model):
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        info = {e.key: e.value for e in tensor.external_data}
-        location = info.get("location", "")
-        if folder is None:
-            raise InvalidModelError(
-                f"{where}: tensor '{tensor.name}' keeps its data in '{location}'; "
-                "load the model from its file path instead of bytes"
-            )
-        base = folder.resolve()
-        target = (base / location).resolve()
-        if not location or Path(location).is_absolute() or not target.is_relative_to(base):
-            raise InvalidModelError(
-                f"{where}: tensor '{tensor.name}' reads external data from '{location}', "
-                "outside the model's folder; refusing to read it"
-            )
-        if not target.is_file():
-            raise InvalidModelError(
-                f"{where}: tensor '{tensor.name}' needs external data file '{location}', "
-                "which does not exist"
-            )
-        offset = int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else -1
-        with target.open("rb") as f:
-            f.seek(offset)
-            raw = f.read(length) if length >= 0 else f.read()
-        if length >= 0 and len(raw) != length:
-            raise InvalidModelError(
-                f"{where}: external data for '{tensor.name}' in '{location}' is truncated"
-            )
-        tensor.raw_data = raw
-        tensor.data_location = onnx.TensorProto.DEFAULT
-        del tensor.external_data[:]
-
-
-def _all_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
-    tensors: list[onnx.TensorProto] = []
-
-    def visit(graph: onnx.GraphProto) -> None:
-        tensors.extend(graph.initializer)
-        for node in graph.node:
-            for attr in node.attribute:
-                if attr.HasField("t"):
-                    tensors.append(attr.t)
-                if attr.HasField("g"):
-                    visit(attr.g)
-                for g in attr.graphs:
-                    visit(g)
-
-    visit(model.graph)
-    return tensors
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -249,22 +197,12 @@ def initializer_value(tensor: onnx.TensorProto) -> Known:
 
     Raises:
         UnsupportedModelError: If its element type is not supported.
-        InvalidGraphError: If it declares more than 2^34 elements.
+        MemoryLimitError: If it declares more elements than the memory budget holds.
         InvalidModelError: If its data does not match its shape.
     """
     where = f"initializer '{tensor.name}'"
     dtype = DType.from_onnx(tensor.data_type, where)
-    count = int(np.prod(tensor.dims, dtype=np.float64))
-    if count > MAX_ELEMENTS:
-        raise InvalidGraphError(
-            f"{where}: declares {count} elements, more than the 2^34 knopt allows; "
-            "fix its declared shape"
-        )
-    try:
-        array = numpy_helper.to_array(tensor)
-    except (ValueError, TypeError) as err:
-        raise InvalidModelError(f"{where}: data does not match its shape ({err})") from err
-    return Known(np.asarray(array, dtype.numpy), dtype)
+    return Known(tensor_array(tensor, where), dtype)
 
 
 def _known_input(info: onnx.ValueInfoProto, array: np.ndarray) -> Known:
@@ -294,12 +232,8 @@ def _graph_input(
         else:
             name = _dim_name(info, axis)
             shape.append(dims[name] if name in dims else sym(name))
-    count = numel(shape)
-    if isinstance(count, int) and count > MAX_ELEMENTS:
-        raise InvalidGraphError(
-            f"{where}: declares {count} elements, more than the 2^34 knopt allows; "
-            "fix its declared shape"
-        )
+    if all(isinstance(d, int) for d in shape):
+        check_shape(shape, dtype.numpy.itemsize, where)  # type: ignore[arg-type]
     return builder.input(info.name, tuple(shape), dtype)
 
 

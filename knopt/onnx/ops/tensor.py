@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
+from knopt.ir.memory import check_shape
 from knopt.ir.op import Binary, PadMode
 from knopt.ir.shape import Dim, Sym, exact_div, numel
 from knopt.onnx.context import ImportContext, Known, OnnxValue, importer
+from knopt.onnx.data import tensor_array
 from knopt.onnx.ops.common import axes_of, axis_of
 
 INT64_MAX = 2**63 - 1
@@ -23,7 +26,7 @@ def _constant(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     proto = attrs.tensor_proto("value")
     if proto is not None:
         dtype = DType.from_onnx(proto.data_type, ctx.where)
-        return [Known(np.asarray(numpy_helper.to_array(proto), dtype.numpy), dtype)]
+        return [Known(tensor_array(proto, f"{ctx.where}: attribute 'value'"), dtype)]
     for name, dtype, kind in (
         ("value_float", DType.F32, "float"),
         ("value_floats", DType.F32, "floats"),
@@ -43,6 +46,8 @@ def _constant(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _constant_of_shape(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     shape = _shape_input(ctx, node, 0, "shape")
     value = ctx.attributes(node).tensor("value")
+    if value is not None and value.size != 1:
+        raise ctx.fail(f"value must hold one element, not {value.size}")
     fill = np.zeros((), np.float32) if value is None else value.reshape(())
     dtype = DType.from_numpy(fill.dtype)
     # One element broadcast, not a full array: models create large splat weights this way.
@@ -403,7 +408,12 @@ def _range(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     s, lim, d = (k.array.reshape(()).item() for k in (start, limit, delta))
     dtype = start.dtype
     if not any(isinstance(v, Sym) for v in (s, lim, d)):
-        count = max(int(np.ceil((lim - s) / d)), 0)
+        if d == 0:
+            raise ctx.fail("Range with delta 0 never reaches its limit")
+        if not all(np.isfinite(v) for v in (s, lim, d)):
+            raise ctx.fail(f"Range from {s} to {lim} by {d} is not finite")
+        count = max(math.ceil((lim - s) / d), 0)
+        check_shape([count], dtype.numpy.itemsize, ctx.where)
         values = (s + np.arange(count) * d).astype(dtype.numpy)
         return [Known(values, dtype)]
     if d != 1 or isinstance(s, Sym):
