@@ -15,6 +15,7 @@ from knopt.errors import InputError
 from knopt.ir import op as ops
 from knopt.ir.dtype import COMPUTE_TYPE
 from knopt.ir.graph import Graph, Node, Value
+from knopt.ir.memory import check_value
 from knopt.ir.shape import format_shape, is_static
 
 # numpy dtypes (bfloat16, float8, int4...) computed in a wider type by the ops below.
@@ -79,7 +80,12 @@ def run_graph(
 
 
 def run_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
-    """Evaluate one node on its input arrays."""
+    """Evaluate one node on its input arrays.
+
+    Raises:
+        MemoryLimitError: If its result would be larger than the memory budget.
+    """
+    check_value(node.output, node.describe())
     narrow = isinstance(node.op, _COMPUTE_OPS) and any(a.dtype in _WIDER for a in args)
     with np.errstate(all="ignore"):
         return _evaluate(_Step.of(node, (), narrow), args)

@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 
 from knopt.ir.dtype import DType
+from knopt.ir.memory import check_shape
 from knopt.ir.shape import Sym, exact_div
 from knopt.onnx.context import ImportContext, Known, folder
 from knopt.onnx.ops.common import axes_of, axis_of
@@ -97,6 +98,7 @@ def _elementwise_folder(name: str) -> None:
         values = [a for a in args if a is not None]
         if not all(v.dtype.is_int for v in values):
             return None
+        _broadcast(ctx, *(v.array.shape for v in values))
         try:
             result = values[0].array.astype(object)
             for other in values[1:]:
@@ -273,6 +275,7 @@ def _where(
     assert condition is not None and x is not None and y is not None
     if condition.is_symbolic:
         return None
+    _broadcast(ctx, condition.array.shape, x.array.shape, y.array.shape)
     chosen = np.where(condition.concrete().astype(bool), _objects(x), _objects(y))
     return [_result(chosen, x.dtype)]
 
@@ -286,5 +289,15 @@ def _expand(
     assert x is not None and shape is not None
     if shape.is_symbolic:
         return None
-    target = np.broadcast_shapes(x.array.shape, tuple(int(d) for d in shape.concrete()))
+    target = _broadcast(ctx, x.array.shape, tuple(int(d) for d in shape.concrete()))
     return [_result(np.broadcast_to(_objects(x), target).copy(), x.dtype)]
+
+
+def _broadcast(ctx: ImportContext, *shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """The broadcast of known shapes, checked against the memory budget (objects: 8 bytes)."""
+    try:
+        target = np.broadcast_shapes(*shapes)
+    except ValueError as err:
+        raise ctx.fail(f"shapes {[list(s) for s in shapes]} do not broadcast") from err
+    check_shape(target, 8, ctx.where)
+    return target
