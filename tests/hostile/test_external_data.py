@@ -207,7 +207,7 @@ def test_an_imported_model_whose_external_data_was_never_read_is_refused(
     folders: tuple[Path, Path],
 ) -> None:
     proto = _function_constant(_data("data.bin"))  # built in memory, never through load_model
-    with pytest.raises(InvalidModelError, match="node .*Constant.*was not read"):
+    with pytest.raises(InvalidModelError, match=r"node .*Constant.*was not read"):
         import_model(proto)
 
 

@@ -73,7 +73,8 @@ def test_a_limit_that_is_not_positive_is_refused() -> None:
 def test_a_shape_over_the_limit_is_named_with_its_size() -> None:
     set_memory_limit("1M")
     check_shape([512, 512], 4, "fits")
-    with pytest.raises(MemoryLimitError, match=r"node 'big' of shape \[1024, 512\]: needs 2\.0 MiB"):
+    expected = r"node 'big' of shape \[1024, 512\]: needs 2\.0 MiB"
+    with pytest.raises(MemoryLimitError, match=expected):
         check_shape([1024, 512], 4, "node 'big'")
 
 
