@@ -39,6 +39,7 @@ from knopt.onnx.context import (
 )
 from knopt.onnx.data import prepare_data, tensor_array
 from knopt.onnx.fold import fold_node
+from knopt.onnx.function import check_functions, inline_function
 from knopt.onnx.order import undefined_input_error
 
 MIN_OPSET = 7
@@ -52,7 +53,8 @@ def load_model(source: str | os.PathLike[str] | bytes) -> onnx.ModelProto:
 
     Raises:
         InvalidModelError: If the file is missing, truncated, not ONNX, has text that is not
-            UTF-8, or its external data is missing or points outside the model's folder.
+            UTF-8, its external data is missing or points outside the model's folder, or a
+            model-local function calls itself.
         MemoryLimitError: If external data is larger than the memory budget.
     """
     if isinstance(source, bytes):
@@ -74,6 +76,7 @@ def _parse(data: bytes, where: str, folder: Path | None) -> onnx.ModelProto:
             f"{where}: not an ONNX model (no graph or no opset); is the file truncated?"
         )
     prepare_data(model, where, folder)
+    check_functions(model)
     return model
 
 
@@ -118,10 +121,12 @@ def import_model(
             (and leave its inputs), so that shapes or axes computed from them are known.
 
     Raises:
+        InvalidModelError: If a model-local function calls itself.
         UnsupportedModelError: If the model uses an op, attribute or type knopt lacks.
         SymbolicSizeError: If a step needs a size fixed (pass it in `dims`).
         InvalidGraphError: If the graph is malformed (a cycle, a dangling input, bad shapes).
     """
+    check_functions(model)  # also for models built in memory, not read by load_model
     axes = _input_symbols(model)
     order = {name: i for i, name in enumerate(axes)}
     same: dict[str, Dim] = {}
@@ -320,8 +325,6 @@ def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | N
     domain = "" if node.domain == "ai.onnx" else node.domain
     ctx._attributes = Attributes(node, ctx.where)
     if (domain, node.op_type) in ctx.functions:
-        from knopt.onnx.function import inline_function
-
         return inline_function(ctx, node, ctx.functions[(domain, node.op_type)])
     outputs: list[OnnxValue | None] | None = fold_node(ctx, node, domain)  # type: ignore[assignment]
     if outputs is None:
