@@ -25,6 +25,7 @@ from knopt.errors import (
     MemoryLimitError,
     OptimizeError,
     RuleFileError,
+    RunError,
     SymbolicSizeError,
     UnsupportedModelError,
 )
@@ -138,6 +139,7 @@ __all__ = [
     "MemoryLimitError",
     "OptimizeError",
     "RuleFileError",
+    "RunError",
     "Session",
     "SymbolicSizeError",
     "UnsupportedModelError",

@@ -52,6 +52,10 @@ class MemoryLimitError(KnoptError):
     """
 
 
+class RunError(KnoptError):
+    """Running a model failed on the values it computed (an index out of range); names the node."""
+
+
 class RuleFileError(KnoptError):
     """A rule file failed to parse or type-check, or a rule misbehaved at run time."""
 

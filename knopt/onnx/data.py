@@ -105,11 +105,16 @@ def _check_text(message: Message, path: str, where: str) -> None:
             if f.type == FieldDescriptor.TYPE_STRING
         ]
     for name, value in fields:
-        values = [value] if isinstance(value, (str, bytes)) else value
-        if any(isinstance(v, bytes) for v in values):
-            raise InvalidModelError(
-                f"{where}: {path}.{name} is not UTF-8 text; the file is corrupt or not ONNX"
-            )
+        texts = (
+            {name: value}
+            if isinstance(value, (str, bytes))
+            else {f"{name}[{i}]": v for i, v in enumerate(value)}
+        )
+        for field, text in texts.items():
+            if isinstance(text, bytes):
+                raise InvalidModelError(
+                    f"{where}: {path}.{field} is not UTF-8 text; the file is corrupt or not ONNX"
+                )
 
 
 def _read_external(tensor: onnx.TensorProto, where: str, folder: Path | None) -> None:

@@ -44,11 +44,7 @@ def save_onnx(
         CodegenError: If the model fails ONNX's checker (a knopt bug).
         KnoptError: If the file cannot be written.
     """
-    newest = onnx.defs.onnx_opset_version()
-    if not MIN_OPSET <= opset <= newest:
-        raise UnsupportedModelError(
-            f"cannot export at opset {opset}; choose one from {MIN_OPSET} to {newest}"
-        )
+    check_opset(opset)
     model = _model(graph, opset)
     try:
         onnx.checker.check_model(model, full_check=True)
@@ -60,6 +56,19 @@ def save_onnx(
         except OSError as err:
             raise KnoptError(f"{path}: cannot write the model ({err.strerror})") from err
     return model
+
+
+def check_opset(opset: int) -> None:
+    """Refuse an opset that knopt cannot export at.
+
+    Raises:
+        UnsupportedModelError: If the opset is older than 18 or newer than onnx knows.
+    """
+    newest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= newest:
+        raise UnsupportedModelError(
+            f"cannot export at opset {opset}; choose one from {MIN_OPSET} to {newest}"
+        )
 
 
 def _model(

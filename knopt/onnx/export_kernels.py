@@ -14,7 +14,7 @@ from onnx import helper
 
 from knopt.errors import CodegenError, KnoptError
 from knopt.ir.graph import Graph
-from knopt.onnx.export import DEFAULT_OPSET, _model
+from knopt.onnx.export import DEFAULT_OPSET, _model, check_opset
 
 DOMAIN = "knopt"
 
@@ -38,9 +38,11 @@ def save_kernels(
         opset: The version of the default ONNX domain.
 
     Raises:
+        UnsupportedModelError: If the opset is too old or too new.
         CodegenError: If the result is not valid ONNX (a knopt bug).
         KnoptError: If the file cannot be written.
     """
+    check_opset(opset)
     spans: dict[int, tuple[int, int]] = {}
     model = _model(graph, opset, spans)
     nodes = list(model.graph.node)

@@ -176,6 +176,8 @@ def _import_model(
     ctx.functions = {(f.domain, f.name): f for f in model.functions}
     ctx.domain_opsets = {entry.domain: int(entry.version) for entry in model.opset_import}
     for tensor in graph.initializer:
+        if tensor.name in ctx.env:
+            raise InvalidGraphError(f"initializer '{tensor.name}' is defined twice")
         ctx.env[tensor.name] = initializer_value(tensor)
     initializer_names = {t.name for t in graph.initializer}
     known_inputs = known_inputs or {}
@@ -305,13 +307,24 @@ def is_computed_from_sizes(model: onnx.ModelProto, name: str) -> bool:
 
 
 def import_nodes(ctx: ImportContext, nodes: list[onnx.NodeProto]) -> None:
-    """Import nodes in order into `ctx`, binding their outputs in `ctx.env`."""
+    """Import nodes in order into `ctx`, binding their outputs in `ctx.env`.
+
+    Raises:
+        InvalidGraphError: If a node reads a value not defined before it, or defines one that
+            is defined already (in its graph or an enclosing one).
+    """
     for index, node in enumerate(nodes):
         ctx.where = f"node '{node.name or f'#{index}'}' ({node.op_type})"
         ctx.builder.current_name = node.name or f"{node.op_type}_{index}"
         for name in node.input:
             if name and name not in ctx.env:
                 raise undefined_input_error(ctx.where, name, nodes, ctx.env)
+        for name in node.output:
+            if name and name in ctx.env:
+                raise InvalidGraphError(
+                    f"{ctx.where}: computes '{name}', which is already defined (by an input, "
+                    "an initializer or another node); ONNX values are assigned once: rename one"
+                )
         outputs = _import_node(ctx, node)
         for name, result in zip(node.output, outputs, strict=False):
             if name and result is not None:

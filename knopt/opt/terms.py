@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from egglog import bindings as eb
 
+from knopt.errors import InvalidGraphError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Node
@@ -66,8 +67,18 @@ def call(name: str, *args: Any) -> Term:
     return Term(name, args)
 
 
+class LiteralRangeError(ValueError):
+    """An integer literal that egglog's i64 cannot hold."""
+
+
 def lit(value: int | float | str | bool) -> Lit:
-    """A literal."""
+    """A literal.
+
+    Raises:
+        LiteralRangeError: If it is an integer outside the 64-bit range.
+    """
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise LiteralRangeError(f"{value} does not fit in 64 bits")
     return Lit(value)
 
 
@@ -380,6 +391,9 @@ def graph_commands(graph: Graph, tables: TermTables) -> LoadedGraph:
     top-level command costs egglog a fraction of a millisecond, so fewer is faster.) A term
     that would nest deeper than `MAX_INLINE_DEPTH` gets a handle too, so that no term is as
     deep as a long chain of single-use ops (egglog and the bindings recurse on terms).
+
+    Raises:
+        InvalidGraphError: If an attribute or size of a node does not fit in 64 bits.
     """
     encoder = _Encoder(tables)
     outputs = {id(v) for v in graph.outputs}
@@ -389,7 +403,11 @@ def graph_commands(graph: Graph, tables: TermTables) -> LoadedGraph:
     commands = []
     for index, node in enumerate(graph.nodes):
         value = node.output
-        term = ENCODERS[type(node.op)](encoder, node.op, node, [exprs[id(v)] for v in node.inputs])
+        args = [exprs[id(v)] for v in node.inputs]
+        try:
+            term = ENCODERS[type(node.op)](encoder, node.op, node, args)
+        except LiteralRangeError as err:
+            raise InvalidGraphError(f"{node.describe()}: an attribute or size {err}") from err
         terms.append(term)
         depth = 1 + max((depths[id(v)] for v in node.inputs), default=0)
         if len(value.users()) == 1 and id(value) not in outputs and depth < MAX_INLINE_DEPTH:

@@ -17,6 +17,8 @@ from knopt.onnx.data import tensor_array
 from knopt.onnx.ops.common import axes_of, axis_of
 
 INT64_MAX = 2**63 - 1
+# Larger steps and cuts of a symbolic axis would overflow the optimizer's 64-bit size arithmetic.
+MAX_SYMBOLIC_STEP = 2**32
 
 
 @importer("Constant")
@@ -276,6 +278,8 @@ def _clamp_index(index: Dim, dim: Dim, low: int, high_offset: int) -> Dim:
     """ONNX Slice index normalization: negatives count from the end, then clamp."""
     if isinstance(index, int):
         if index < 0:
+            if not isinstance(dim, int) and index <= -(INT64_MAX // 2):
+                return low  # beyond any size a symbolic one can take (sizes fit in memory)
             index = index + dim
             if isinstance(index, int):
                 return max(index, low)
@@ -291,6 +295,12 @@ def slice_axis(ctx: ImportContext, x: Value, axis: int, start: Dim, end: Dim, st
     if step == 0:
         raise ctx.fail("Slice step 0 is invalid")
     dim = x.shape[axis]
+    if isinstance(dim, int):
+        # A step of at least the dimension takes one element at most, whatever its size: a
+        # step of -2^63 would not fit in 64 bits once negated.
+        step = max(min(step, max(dim, 1)), -max(dim, 1))
+    elif abs(step) > MAX_SYMBOLIC_STEP:
+        raise ctx.fail(f"Slice step {step} on a symbolic dimension is too large")
     builder = ctx.builder
     if step > 0:
         lo = _clamp_index(start, dim, 0, 0)
@@ -393,7 +403,12 @@ def pad_signed(
     for axis, (before, after) in enumerate(widths):
         if before < 0 or after < 0:
             dim = x.shape[axis]
-            x = builder.slice(x, axis=axis, start=max(-before, 0), stop=dim - max(-after, 0))
+            cut_before, cut_after = max(-before, 0), max(-after, 0)
+            if isinstance(dim, int) and cut_before + cut_after > dim:
+                raise ctx.fail(f"pads {before}, {after} cut more than axis {axis} has ({dim})")
+            if not isinstance(dim, int) and max(cut_before, cut_after) > MAX_SYMBOLIC_STEP:
+                raise ctx.fail(f"pads {before}, {after} cut too much of a symbolic axis {axis}")
+            x = builder.slice(x, axis=axis, start=cut_before, stop=dim - cut_after)
     positive = tuple((max(b, 0), max(a, 0)) for b, a in widths)
     return builder.pad(x, pads=positive, mode=mode, value=value)
 
