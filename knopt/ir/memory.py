@@ -116,14 +116,15 @@ def check_shape(shape: Sequence[int], itemsize: int, what: str) -> None:
 
 
 def check_value(value: Value, what: str) -> None:
-    """Refuse a graph value whose static size exceeds the budget (symbolic sizes pass).
+    """Refuse a graph value larger than the budget, counting each symbolic size as 1.
+
+    A symbolic size is at least 1, so the static dims alone bound the value from below.
 
     Raises:
         MemoryLimitError: As `check_shape`.
     """
-    shape = value.shape
-    if all(isinstance(d, int) for d in shape):
-        check_shape(shape, value.dtype.numpy.itemsize, what)  # type: ignore[arg-type]
+    static = [d if isinstance(d, int) else 1 for d in value.shape]
+    check_shape(static, value.dtype.numpy.itemsize, what)
 
 
 def format_bytes(size: int) -> str:

@@ -13,6 +13,7 @@ Reshape` chains become plain attributes instead of runtime work.
 from __future__ import annotations
 
 import builtins
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -315,6 +316,64 @@ class ImportContext:
                 "(dims=...)"
             )
         return found.concrete()
+
+    def known_number(self, node: onnx.NodeProto, index: int, what: str) -> builtins.float:
+        """Required input `index` as one number known at import time.
+
+        Raises:
+            UnsupportedModelError: If it is absent, only known at run time, or does not hold
+                exactly one number.
+        """
+        value = self.optional_number(node, index, what)
+        if value is None:
+            raise self.fail(f"input {index} ({what}) is required")
+        return value
+
+    def optional_number(self, node: onnx.NodeProto, index: int, what: str) -> builtins.float | None:
+        """Input `index` as one number known at import time, or None if absent.
+
+        Raises:
+            UnsupportedModelError: If it is only known at run time, or does not hold exactly
+                one number.
+        """
+        array = self.known_input(node, index, what)
+        if array is None:
+            return None
+        if array.size != 1:
+            raise self.fail(f"input {index} ({what}) must hold one value, not {array.size}")
+        if array.dtype.kind == "c":
+            raise self.fail(f"input {index} ({what}) is complex")
+        return builtins.float(array.reshape(-1)[0])
+
+    def known_int(self, node: onnx.NodeProto, index: int, what: str) -> builtins.int:
+        """Required input `index` as one integer known at import time.
+
+        Raises:
+            UnsupportedModelError: As `known_number`, or if it is not a finite number.
+        """
+        value = self.optional_int(node, index, what)
+        if value is None:
+            raise self.fail(f"input {index} ({what}) is required")
+        return value
+
+    def optional_int(self, node: onnx.NodeProto, index: int, what: str) -> builtins.int | None:
+        """Input `index` as one integer known at import time, or None if absent.
+
+        Raises:
+            UnsupportedModelError: As `optional_number`, or if it is not a finite number.
+        """
+        array = self.known_input(node, index, what)
+        if array is None:
+            return None
+        if array.dtype.kind in "iub":
+            if array.size != 1:
+                raise self.fail(f"input {index} ({what}) must hold one value, not {array.size}")
+            return builtins.int(array.reshape(-1)[0])
+        value = self.optional_number(node, index, what)
+        assert value is not None
+        if not math.isfinite(value):
+            raise self.fail(f"input {index} ({what}) is {value}, not an integer")
+        return builtins.int(value)
 
     def symbolic_input(self, node: onnx.NodeProto, index: int, what: str) -> Known | None:
         """Input `index` as a known value that may hold symbolic sizes, or None if absent."""

@@ -239,8 +239,8 @@ def _graph_input(
         else:
             name = _dim_name(info, axis)
             shape.append(dims[name] if name in dims else sym(name))
-    if all(isinstance(d, int) for d in shape):
-        check_shape(shape, dtype.numpy.itemsize, where)  # type: ignore[arg-type]
+    # Symbolic sizes are at least 1: the static dims alone must fit.
+    check_shape([d if isinstance(d, int) else 1 for d in shape], dtype.numpy.itemsize, where)
     return builder.input(info.name, tuple(shape), dtype)
 
 
@@ -339,9 +339,10 @@ def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | N
     ctx._attributes = Attributes(node, ctx.where)
     if (domain, node.op_type) in ctx.functions:
         return inline_function(ctx, node, ctx.functions[(domain, node.op_type)])
+    version = ctx.domain_opsets.get(domain, ctx.opset) if domain else ctx.opset
+    _check_arity(ctx, node, domain, version)
     outputs: list[OnnxValue | None] | None = fold_node(ctx, node, domain)  # type: ignore[assignment]
     if outputs is None:
-        version = ctx.domain_opsets.get(domain, ctx.opset) if domain else ctx.opset
         fn = find_importer(domain, node.op_type, version)
         if fn is None:
             name = f"{domain}.{node.op_type}" if domain else node.op_type
@@ -359,3 +360,24 @@ def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | N
             "ignores an attribute; remove it from the model if it has no effect)"
         )
     return outputs
+
+
+def _check_arity(ctx: ImportContext, node: onnx.NodeProto, domain: str, version: int) -> None:
+    """Refuse a node with fewer or more inputs or outputs than its ONNX schema allows.
+
+    Importers may then read the inputs a schema requires without checking that they exist.
+    """
+    try:
+        schema = onnx.defs.get_schema(node.op_type, min(version, 2**31 - 1), domain)
+    except onnx.defs.SchemaError:
+        return  # not an ONNX op at this version (a contrib op): its importer checks
+    for what, names, low, high in (
+        ("inputs", node.input, schema.min_input, schema.max_input),
+        ("outputs", node.output, schema.min_output, schema.max_output),
+    ):
+        count = len(names)
+        while count and not names[count - 1]:
+            count -= 1  # trailing empty names are absent optional ones
+        if not low <= count <= high:
+            expected = str(low) if low == high else f"{low} to {high}"
+            raise ctx.fail(f"{node.op_type} takes {expected} {what}, got {count}")

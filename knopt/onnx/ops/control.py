@@ -62,6 +62,8 @@ def _known_scalar(
         return None
     if not isinstance(value, Known) or value.is_symbolic:
         raise ctx.needs_known(name, what)
+    if value.array.size != 1:
+        raise ctx.fail(f"{what} must hold one value, not {value.array.size}")
     return value.concrete().reshape(-1)[0].item()
 
 
@@ -84,7 +86,8 @@ def _if(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         raise ctx.fail("If needs then_branch and else_branch")
     condition = ctx.lookup(node.input[0])
     if isinstance(condition, Known) and not condition.is_symbolic:
-        taken = then_graph if bool(condition.concrete().reshape(-1)[0]) else else_graph
+        known = _known_scalar(ctx, condition, node.input[0], "the If condition")
+        taken = then_graph if known else else_graph
         return import_subgraph(ctx, taken, [])
     yes = import_subgraph(ctx, then_graph, [])
     no = import_subgraph(ctx, else_graph, [])

@@ -6,6 +6,7 @@ undecidable makes the folder give up; the node is then imported as runtime work.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -15,9 +16,10 @@ import onnx
 
 from knopt.ir.dtype import DType
 from knopt.ir.memory import check_shape
-from knopt.ir.shape import Sym, exact_div
+from knopt.ir.shape import Dim, Sym, exact_div
 from knopt.onnx.context import ImportContext, Known, folder
 from knopt.onnx.ops.common import axes_of, axis_of
+from knopt.onnx.ops.tensor import reshape_target
 
 
 class _Undecidable(Exception):
@@ -149,8 +151,11 @@ def _gather(
     axis = axis_of(ctx, ctx.attributes(node).int("axis", 0), data.array.ndim)
     if indices.is_symbolic:
         return None
+    size = data.array.shape[axis]
     idx = indices.concrete().astype(np.int64)
-    idx = np.where(idx < 0, idx + data.array.shape[axis], idx)
+    if idx.size and (idx.min() < -size or idx.max() >= size):
+        raise ctx.fail(f"indices {idx.reshape(-1).tolist()} are out of range for size {size}")
+    idx = np.where(idx < 0, idx + size, idx)
     return [_result(np.take(_objects(data), idx, axis=axis), data.dtype)]
 
 
@@ -168,6 +173,8 @@ def _concat(
 def _unsqueeze(
     ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
 ) -> list[Known] | None:
+    if _symbolic_parameters(args):
+        return None
     x = args[0]
     assert x is not None
     axes = _axes(ctx, node, args)
@@ -185,6 +192,8 @@ def _unsqueeze(
 def _squeeze(
     ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
 ) -> list[Known] | None:
+    if _symbolic_parameters(args):
+        return None
     x = args[0]
     assert x is not None
     axes = _axes(ctx, node, args)
@@ -194,7 +203,14 @@ def _squeeze(
         if axes is None
         else axes_of(ctx, axes, len(shape))
     )
+    if any(shape[i] != 1 for i in drop):
+        return None  # the importer names the axis that is not of size 1
     return [Known(x.array.reshape([d for i, d in enumerate(shape) if i not in drop]), x.dtype)]
+
+
+def _symbolic_parameters(args: list[Known | None]) -> bool:
+    """Whether an input after the data (axes, say) holds symbolic sizes: the importer decides."""
+    return any(a is not None and a.is_symbolic for a in args[1:])
 
 
 def _axes(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[int] | None:
@@ -242,10 +258,12 @@ def _reshape(
     assert x is not None and shape is not None
     if shape.is_symbolic:
         return None
-    requested = [int(d) for d in shape.concrete().reshape(-1)]
-    if not allow_zero:
-        requested = [x.array.shape[i] if d == 0 else d for i, d in enumerate(requested)]
-    return [Known(x.array.reshape(requested), x.dtype)]
+    requested: list[Dim] = [int(d) for d in shape.concrete().reshape(-1)]
+    target = reshape_target(ctx, x.array.shape, requested, bool(allow_zero))
+    sizes = [d for d in target if isinstance(d, int) and d >= 0]
+    if len(sizes) != len(target) or math.prod(sizes) != x.array.size:
+        return None  # the importer names what does not fit
+    return [Known(x.array.reshape(sizes), x.dtype)]
 
 
 @folder("ReduceProd")
@@ -256,6 +274,8 @@ def _reduce_prod(
     keepdims = bool(attrs.int("keepdims", 1))
     x = args[0]
     assert x is not None
+    if _symbolic_parameters(args):
+        return None
     if ctx.opset < 18:
         axes = attrs.ints("axes") if attrs.has("axes") else None
     else:

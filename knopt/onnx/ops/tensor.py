@@ -420,6 +420,8 @@ def _range(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     limit = ctx.symbolic_input(node, 1, "limit")
     delta = ctx.symbolic_input(node, 2, "delta")
     assert start is not None and limit is not None and delta is not None
+    if any(k.array.size != 1 for k in (start, limit, delta)):
+        raise ctx.fail("Range takes one value each for start, limit and delta")
     s, lim, d = (k.array.reshape(()).item() for k in (start, limit, delta))
     dtype = start.dtype
     if not any(isinstance(v, Sym) for v in (s, lim, d)):
@@ -442,8 +444,8 @@ def _range(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _trilu(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x = ctx.value(node.input[0])
     upper = ctx.attributes(node).int("upper", 1)
-    known_k = ctx.known_input(node, 1, "k")
-    k = 0 if known_k is None else int(known_k.reshape(()))
+    known_k = ctx.optional_int(node, 1, "k")
+    k = 0 if known_k is None else known_k
     rows, cols = x.shape[-2:]
     builder = ctx.builder
     zero = builder.constant(np.zeros((), x.dtype.numpy))
@@ -464,9 +466,7 @@ def _trilu(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _one_hot(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     indices, _, values = ctx.inputs(node, count=3)
     axis = ctx.attributes(node).int("axis", -1)
-    depth_known = ctx.known_input(node, 1, "depth")
-    assert depth_known is not None
-    depth = int(depth_known.reshape(-1)[0])
+    depth = ctx.known_int(node, 1, "depth")
     builder = ctx.builder
     rank = indices.rank + 1
     axis = axis_of(ctx, axis, rank)

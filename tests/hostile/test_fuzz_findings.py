@@ -1,0 +1,149 @@
+"""What the mutation fuzzer found (tests/testing/test_mutation.py), each as a small model.
+
+Each of these raised IndexError, AssertionError, ValueError, ZeroDivisionError, TypeError or
+ran out of memory while loading; each must now be one typed error naming the node.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import knopt
+from knopt.errors import KnoptError
+from tests.hostile.builders import I64, info, ints, model
+
+
+def _shape_of_x(*nodes: onnx.NodeProto, x: list[int | str] | None = None) -> onnx.ModelProto:
+    """`s = Shape(x)` followed by `nodes`, whose last output is `y`."""
+    shape = helper.make_node("Shape", ["x"], ["s"], name="shape")
+    return model([shape, *nodes], [info("x", x or ["n", 4])], [info("y", None, I64)])
+
+
+FLOATS = numpy_helper.from_array(np.array([0.0, 1.0], np.float32), "two")
+CASES: dict[str, tuple[onnx.ModelProto, str]] = {
+    "input_missing": (
+        model(
+            [helper.make_node("Unsqueeze", ["x"], ["y"], name="u")],
+            [info("x", [2])],
+            [info("y", None)],
+        ),
+        "node 'u'.*takes 2 inputs, got 1",
+    ),
+    "output_extra": (
+        model(
+            [helper.make_node("Relu", ["x"], ["y", "z"], name="r")],
+            [info("x", [2])],
+            [info("y", None)],
+        ),
+        "node 'r'.*takes 1 outputs, got 2",
+    ),
+    "axes_from_sizes": (
+        _shape_of_x(helper.make_node("Unsqueeze", ["s", "s"], ["y"], name="u")),
+        "node 'u'",
+    ),
+    "size_index_out_of_range": (
+        model(
+            [
+                helper.make_node("Shape", ["x"], ["s"], name="shape"),
+                helper.make_node("Gather", ["s", "i"], ["y"], name="g"),
+            ],
+            [info("x", ["n", 4])],
+            [info("y", None, I64)],
+            [ints("i", 255)],
+        ),
+        "node 'g'.*out of range",
+    ),
+    "clip_bound_of_two_values": (
+        model(
+            [helper.make_node("Clip", ["x", "two"], ["y"], name="c")],
+            [info("x", [2])],
+            [info("y", None)],
+            [FLOATS],
+        ),
+        "node 'c'.*must hold one value, not 2",
+    ),
+    "conv_stride_zero": (
+        model(
+            [helper.make_node("Conv", ["x", "w"], ["y"], name="c", strides=[1, 0])],
+            [info("x", [1, 1, 4, 4])],
+            [info("y", None)],
+            [numpy_helper.from_array(np.ones((1, 1, 2, 2), np.float32), "w")],
+        ),
+        "node 'c'.*stride 0",
+    ),
+    "gather_nd_batch_beyond_rank": (
+        model(
+            [helper.make_node("GatherND", ["x", "i"], ["y"], name="g", batch_dims=2)],
+            [info("x", [2, 3])],
+            [info("y", None)],
+            [ints("i", [[0], [1]])],
+        ),
+        "node 'g'.*batch_dims 2",
+    ),
+    "huge_static_size_beside_a_symbolic_one": (
+        model(
+            [helper.make_node("Relu", ["x"], ["y"], name="r")],
+            [info("x", ["n", 2**31 - 1, 2**20])],
+            [info("y", None)],
+        ),
+        "graph input 'x'",
+    ),
+    "resize_to_a_billion_positions": (
+        model(
+            [helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="r")],
+            [info("x", [1, 1, 2])],
+            [info("y", None)],
+            [ints("sizes", [1, 1, 2**30])],
+        ),
+        "node 'r'.*2\\^20|node 'r'.*memory limit|node 'r'.*at most",
+    ),
+    "top_k_of_two_values": (
+        model(
+            [helper.make_node("TopK", ["x", "k"], ["y", "i"], name="t")],
+            [info("x", [4])],
+            [info("y", None)],
+            [ints("k", [1, 2])],
+        ),
+        "node 't'.*must hold one value",
+    ),
+    "reshape_of_sizes_that_do_not_fit": (
+        model(
+            [
+                helper.make_node("Shape", ["x"], ["s"], name="shape"),
+                helper.make_node("Reshape", ["s", "t"], ["y"], name="r"),
+            ],
+            [info("x", ["n", 4])],
+            [info("y", None, I64)],
+            [ints("t", [3])],
+        ),
+        "node 'r'",
+    ),
+    "range_of_two_values": (
+        model(
+            [helper.make_node("Range", ["a", "b", "c"], ["y"], name="r")],
+            [],
+            [info("y", None, I64)],
+            [ints("a", [0, 1]), ints("b", 5), ints("c", 1)],
+        ),
+        "node 'r'.*one value each",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fuzzer_findings_are_typed_errors_naming_the_node(case: str) -> None:
+    proto, pattern = CASES[case]
+    with pytest.raises(KnoptError, match=pattern):
+        knopt.load(proto.SerializeToString())
+
+
+def test_an_opset_beyond_32_bits_still_loads() -> None:
+    proto = model(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")], [info("x", [2])], [info("y", [2])]
+    )
+    proto.opset_import[0].version = 2**40
+    (y,) = knopt.compile(proto.SerializeToString()).run(None, {"x": np.array([-1, 2], np.float32)})
+    np.testing.assert_array_equal(y, [0, 2])
