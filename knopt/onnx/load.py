@@ -340,7 +340,7 @@ def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | N
     if (domain, node.op_type) in ctx.functions:
         return inline_function(ctx, node, ctx.functions[(domain, node.op_type)])
     version = ctx.domain_opsets.get(domain, ctx.opset) if domain else ctx.opset
-    _check_arity(ctx, node, domain, version)
+    _check_schema(ctx, node, domain, version)
     outputs: list[OnnxValue | None] | None = fold_node(ctx, node, domain)  # type: ignore[assignment]
     if outputs is None:
         fn = find_importer(domain, node.op_type, version)
@@ -362,10 +362,11 @@ def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | N
     return outputs
 
 
-def _check_arity(ctx: ImportContext, node: onnx.NodeProto, domain: str, version: int) -> None:
-    """Refuse a node with fewer or more inputs or outputs than its ONNX schema allows.
+def _check_schema(ctx: ImportContext, node: onnx.NodeProto, domain: str, version: int) -> None:
+    """Refuse a node that its ONNX schema does not allow.
 
-    Importers may then read the inputs a schema requires without checking that they exist.
+    Counts of inputs and outputs, required inputs left empty and required attributes missing
+    are checked, so that importers may read what a schema requires without looking first.
     """
     try:
         schema = onnx.defs.get_schema(node.op_type, min(version, 2**31 - 1), domain)
@@ -381,3 +382,11 @@ def _check_arity(ctx: ImportContext, node: onnx.NodeProto, domain: str, version:
         if not low <= count <= high:
             expected = str(low) if low == high else f"{low} to {high}"
             raise ctx.fail(f"{node.op_type} takes {expected} {what}, got {count}")
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    for index, formal in enumerate(schema.inputs):
+        if formal.option == single and index < len(node.input) and not node.input[index]:
+            raise ctx.fail(f"input {index} ({formal.name}) is required but has no name")
+    present = {a.name for a in node.attribute}
+    missing = sorted(n for n, a in schema.attributes.items() if a.required and n not in present)
+    if missing:
+        raise ctx.fail(f"required attribute(s) {', '.join(missing)} are missing")

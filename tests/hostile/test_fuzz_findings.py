@@ -121,6 +121,72 @@ CASES: dict[str, tuple[onnx.ModelProto, str]] = {
         ),
         "node 'r'",
     ),
+    "concat_of_sizes_of_different_ranks": (
+        model(
+            [
+                helper.make_node("Shape", ["x"], ["s"], name="shape"),
+                helper.make_node("Concat", ["s", "m"], ["y"], name="c", axis=0),
+            ],
+            [info("x", ["n", 4])],
+            [info("y", None, I64)],
+            [ints("m", [[1, 2]])],
+        ),
+        "node 'c'",
+    ),
+    "slice_lists_of_different_lengths": (
+        model(
+            [helper.make_node("Slice", ["x", "a", "b", "c"], ["y"], name="s")],
+            [info("x", [4, 4])],
+            [info("y", None)],
+            [ints("a", [0, 0]), ints("b", [2]), ints("c", [0, 1])],
+        ),
+        "node 's'.*differ in length",
+    ),
+    "required_input_without_a_name": (
+        model(
+            [helper.make_node("Gather", ["", "i"], ["y"], name="g")],
+            [],
+            [info("y", None)],
+            [ints("i", [0])],
+        ),
+        "node 'g'.*input 0 \\(data\\) is required",
+    ),
+    "loop_without_a_body": (
+        model(
+            [helper.make_node("Loop", ["m", "", "x"], ["y"], name="l")],
+            [info("x", [2])],
+            [info("y", None)],
+            [ints("m", 2)],
+        ),
+        "node 'l'.*required attribute\\(s\\) body",
+    ),
+    "if_branches_of_different_lengths": (
+        model(
+            [
+                helper.make_node(
+                    "If",
+                    ["c"],
+                    ["y"],
+                    name="if",
+                    then_branch=helper.make_graph(
+                        [helper.make_node("Neg", ["x"], ["t"])], "t", [], [info("t", [2])]
+                    ),
+                    else_branch=helper.make_graph(
+                        [
+                            helper.make_node("Neg", ["x"], ["e"]),
+                            helper.make_node("Relu", ["x"], ["f"]),
+                        ],
+                        "e",
+                        [],
+                        [info("e", [2]), info("f", [2])],
+                    ),
+                )
+            ],
+            [info("x", [2]), info("c", [], onnx.TensorProto.BOOL)],
+            [info("y", None)],
+        ),
+        "node 'if'.*1 and 2 outputs",
+    ),
     "range_of_two_values": (
         model(
             [helper.make_node("Range", ["a", "b", "c"], ["y"], name="r")],

@@ -79,6 +79,8 @@ def _center_crop_pad(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue
     axes = [a % x.rank for a in axes]
     axes_of(ctx, axes, x.rank)  # rejects repeated axes
     sizes = _ints(ctx, node, 1, "shape")
+    if len(sizes) != len(axes):
+        raise ctx.fail(f"shape {sizes} needs one size per axis of {axes}")
     widths = [(0, 0)] * x.rank
     for axis, size in zip(axes, sizes, strict=True):
         dim = x.shape[axis]

@@ -165,6 +165,9 @@ def _concat(
 ) -> list[Known] | None:
     values = [a for a in args if a is not None]
     axis = axis_of(ctx, ctx.attributes(node).int("axis"), values[0].array.ndim)
+    rest = {tuple(np.delete(np.array(v.array.shape, np.int64), axis)) for v in values}
+    if len({v.array.ndim for v in values}) != 1 or len(rest) != 1:
+        return None  # the importer names the shapes that do not fit
     joined = np.concatenate([_objects(v) for v in values], axis=axis)
     return [_result(joined, values[0].dtype)]
 
@@ -243,6 +246,8 @@ def _slice(
         if len(args) > 4 and args[4] is not None
         else [1] * len(starts)
     )
+    if not len(starts) == len(ends) == len(axes) == len(steps) or 0 in list(steps):
+        return None  # the importer names what is wrong
     index = [slice(None)] * array.ndim
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         index[axis_of(ctx, int(axis), array.ndim)] = slice(int(start), int(end), int(step))

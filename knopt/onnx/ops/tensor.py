@@ -268,6 +268,10 @@ def _slice(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         axes = list(range(len(starts))) if known_axes is None else [int(a) for a in known_axes]
         known_steps = ctx.known_input(node, 4, "steps")
         steps = [1] * len(starts) if known_steps is None else [int(s) for s in known_steps]
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ctx.fail(
+            f"starts {starts}, ends {ends}, axes {axes} and steps {steps} differ in length"
+        )
     result = x
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         result = slice_axis(ctx, result, axis_of(ctx, axis, x.rank), start, end, step)
