@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from knopt.cpu.kernels import KERNELS, Kernel
-from knopt.errors import InputError, RunError
+from knopt.errors import InputError, MemoryLimitError, RunError
 from knopt.ir import op as ops
 from knopt.ir.dtype import COMPUTE_TYPE
 from knopt.ir.graph import Graph, Node, Value
@@ -56,6 +56,7 @@ def run_graph(
     Raises:
         InputError: If a feed is missing or has the wrong shape or dtype.
         RunError: If a node fails on the values it gets (an index out of range), naming it.
+        MemoryLimitError: If a node's kernel would need more than the memory budget.
     """
     steps = _STEPS.get(graph)
     if steps is None:
@@ -97,8 +98,8 @@ def _evaluate(step: _Step, args: list[np.ndarray]) -> np.ndarray:
         args = [a.astype(_WIDER[a.dtype]) if a.dtype in _WIDER else a for a in args]
     try:
         result = np.asarray(step.kernel(step.node.op, *args))
-    except RunError as err:
-        raise RunError(f"{step.node.describe()}: {err}") from err
+    except (RunError, MemoryLimitError) as err:  # the kernel cannot name its node
+        raise type(err)(f"{step.node.describe()}: {err}") from err
     if step.narrow or result.dtype != step.dtype:
         result = result.astype(step.dtype)
     if result.shape != step.shape:

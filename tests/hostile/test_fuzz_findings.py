@@ -14,6 +14,7 @@ from onnx import helper, numpy_helper
 import knopt
 from knopt.errors import KnoptError
 from tests.hostile.builders import I64, info, ints, model
+from tests.oracle import run_onnxruntime
 
 
 def _shape_of_x(*nodes: onnx.NodeProto, x: list[int | str] | None = None) -> onnx.ModelProto:
@@ -213,3 +214,36 @@ def test_an_opset_beyond_32_bits_still_loads() -> None:
     proto.opset_import[0].version = 2**40
     (y,) = knopt.compile(proto.SerializeToString()).run(None, {"x": np.array([-1, 2], np.float32)})
     np.testing.assert_array_equal(y, [0, 2])
+
+
+def _window_model(node: onnx.NodeProto, *initializers: onnx.TensorProto) -> onnx.ModelProto:
+    return model([node], [info("x", [1, 2, 20, 20])], [info("y", None)], initializers)
+
+
+WEIGHT = numpy_helper.from_array(np.full((3, 2, 2, 2), 0.5, np.float32), "w")
+WINDOWS = {
+    "max_pool_over_everything": _window_model(
+        helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[20, 20])
+    ),
+    "average_pool_over_most_with_padding": _window_model(
+        helper.make_node(
+            "AveragePool", ["x"], ["y"], kernel_shape=[17, 19], pads=[1, 0, 2, 1], strides=[3, 2]
+        )
+    ),
+    "conv_with_a_stride_of_2_to_63": _window_model(
+        helper.make_node("Conv", ["x", "w"], ["y"], strides=[2**63 - 1, 1]), WEIGHT
+    ),
+    "conv_with_a_dilation_of_2_to_63_on_a_kernel_of_one": _window_model(
+        helper.make_node("Conv", ["x", "w1"], ["y"], dilations=[2**63 - 1, 1]),
+        numpy_helper.from_array(np.full((3, 2, 1, 2), 0.5, np.float32), "w1"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WINDOWS))
+def test_windows_of_extreme_sizes_agree_with_onnxruntime(case: str) -> None:
+    proto = WINDOWS[case]
+    x = np.random.default_rng(9).standard_normal((1, 2, 20, 20)).astype(np.float32)
+    (expected,) = run_onnxruntime(proto, {"x": x})
+    (got,) = knopt.compile(proto.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
