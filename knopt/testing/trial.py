@@ -40,7 +40,7 @@ class Outcome:
     Attributes:
         status: OK, REFUSED, FAILED, HANG or CRASH.
         detail: The error's class and message (REFUSED), its traceback (FAILED), or empty.
-        seconds: Wall time of the trial.
+        seconds: Processor time of the trial (wall time where the worker was stopped).
         peak_bytes: The worker's peak resident memory so far (0 where it died).
     """
 
@@ -101,17 +101,27 @@ def _feeds(data: bytes, names: list[str], rng: np.random.Generator) -> dict[str,
 class Trials:
     """A worker process that tries models one at a time (`try_model`).
 
+    A trial that takes more than `timeout` seconds of processor time is a hang; one still
+    running after `patience` times that in wall time is stopped (a busy machine slows a trial
+    down without making it a hang, so wall time alone would not do).
+
     Args:
-        timeout: Seconds a trial may take before it counts as a hang.
+        timeout: Processor seconds a trial may take before it counts as a hang.
         memory_limit: The knopt memory budget in the worker, in bytes.
         address_space: The worker's cap on virtual memory, in bytes (Linux), so that a memory
             blow-up ends the worker instead of the machine.
+        patience: How many times `timeout` of wall time to wait before stopping the worker.
     """
 
     def __init__(
-        self, timeout: float = 10.0, memory_limit: int = 256 * 2**20, address_space: int = 2**33
+        self,
+        timeout: float = 10.0,
+        memory_limit: int = 256 * 2**20,
+        address_space: int = 2**33,
+        patience: float = 6.0,
     ) -> None:
         self.timeout = timeout
+        self.patience = patience
         self.memory_limit = memory_limit
         self.address_space = address_space
         self._process: Any = None
@@ -125,16 +135,19 @@ class Trials:
         began = time.perf_counter()
         self._connection.send((data, optimize, seed))
         try:
-            ready = self._connection.poll(self.timeout)
-            if not ready:
+            if not self._connection.poll(self.timeout * self.patience):
                 self.close()
-                return Outcome(HANG, f"still running after {self.timeout} s", self.timeout, 0)
-            status, detail, peak = self._connection.recv()
+                waited = time.perf_counter() - began
+                return Outcome(HANG, f"still running after {waited:.0f} s", waited, 0)
+            status, detail, seconds, peak = self._connection.recv()
         except (EOFError, OSError):
             code = self._process.exitcode if self._process is not None else None
             self.close()
             return Outcome(CRASH, f"worker died (exit code {code})", time.perf_counter() - began, 0)
-        return Outcome(status, detail, time.perf_counter() - began, peak)
+        if seconds > self.timeout:
+            detail = f"took {seconds:.1f} s of processor time ({status})"
+            return Outcome(HANG, detail, seconds, peak)
+        return Outcome(status, detail, seconds, peak)
 
     def close(self) -> None:
         """Stop the worker (it is started again by the next `run`)."""
@@ -186,9 +199,11 @@ def _serve(connection: Connection, memory_limit: int, address_space: int) -> Non
             data, optimize, seed = connection.recv()
         except EOFError:
             return
+        before = resource.getrusage(resource.RUSAGE_SELF)
         status, detail = try_model(data, optimize=optimize, seed=seed)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-        connection.send((status, detail, peak))
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        seconds = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        connection.send((status, detail, seconds, after.ru_maxrss * 1024))  # KiB on Linux
 
 
 @dataclass
@@ -199,7 +214,7 @@ class Campaign:
         counts: Trials by status.
         findings: The mutants that failed, hung or crashed, with how.
         peak_bytes: The largest peak resident memory of a worker.
-        slowest: The longest trial, in seconds.
+        slowest: The longest trial, in processor seconds.
     """
 
     counts: dict[str, int]
