@@ -80,6 +80,10 @@ def test_a_memory_blow_up_is_a_finding() -> None:
 
 def test_mutants_of_the_fixtures_fail_only_with_knopt_errors(trials: Trials) -> None:
     campaign = run_campaign(MODELS, SEED, MUTANTS, optimize_every=OPTIMIZE_EVERY, trials=trials)
+    print(  # shown with -s: what a long run records in tests/testing/NOTES.md
+        f"\n{MUTANTS} mutants, seed {SEED}: {dict(sorted(campaign.counts.items()))}, worker "
+        f"peak {campaign.peak_bytes / 2**20:.0f} MiB, slowest {campaign.slowest:.1f} s"
+    )
     folder = os.environ.get("KNOPT_MUTANT_DIR")
     lines = []
     for mutant, outcome in campaign.findings:
