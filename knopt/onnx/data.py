@@ -38,12 +38,12 @@ def prepare_data(model: onnx.ModelProto, where: str, folder: Path | None) -> Non
         MemoryLimitError: If external data is larger than the memory budget.
     """
     for path, message in _messages(model):
-        if isinstance(message, onnx.TensorProto):
-            _check_text(message, path, where)
-            if message.data_location == onnx.TensorProto.EXTERNAL:
-                _read_external(message, f"{where}: tensor '{message.name}'", folder)
-        else:
-            _check_text(message, path, where)
+        _check_text(message, path, where)
+        if (
+            isinstance(message, onnx.TensorProto)
+            and message.data_location == onnx.TensorProto.EXTERNAL
+        ):
+            _read_external(message, f"{where}: tensor '{message.name}'", folder)
 
 
 def tensor_array(tensor: onnx.TensorProto, where: str) -> np.ndarray:
@@ -77,7 +77,7 @@ def tensor_array(tensor: onnx.TensorProto, where: str) -> np.ndarray:
 def _messages(model: onnx.ModelProto) -> Iterator[tuple[str, Message]]:
     """Every message in the model with its field path, tensors included but not entered.
 
-    Iterative: nesting is bounded by protobuf's own parse depth, but a walk costs nothing.
+    Iterative: protobuf bounds how deep messages nest, but the walk need not rely on it.
     """
     stack: list[tuple[str, Message]] = [("model", model)]
     while stack:
@@ -129,12 +129,17 @@ def _read_external(tensor: onnx.TensorProto, where: str, folder: Path | None) ->
     offset = _int_entry(info, "offset", 0, where)
     length = _int_entry(info, "length", -1, where)
     target = _inside(folder, location, where)
-    available = target.stat().st_size - offset
-    size = available if length < 0 else length
-    check_bytes(size, f"{where}: external data in '{location}'")
-    with target.open("rb") as f:
-        f.seek(offset)
-        raw = f.read(max(size, 0))
+    try:
+        available = max(target.stat().st_size - offset, 0)
+        size = available if length < 0 else min(length, available)
+        check_bytes(size, f"{where}: external data in '{location}'")
+        with target.open("rb") as f:
+            f.seek(min(offset, target.stat().st_size))
+            raw = f.read(size)
+    except OSError as err:
+        raise InvalidModelError(
+            f"{where}: cannot read external data from '{location}' ({err.strerror})"
+        ) from err
     if length >= 0 and len(raw) != length:
         raise InvalidModelError(
             f"{where}: external data in '{location}' is truncated ({len(raw)} of {length} "

@@ -219,6 +219,7 @@ def test_an_imported_model_whose_external_data_was_never_read_is_refused(
         ({"length": "-1"}, "length '-1'"),
         ({"length": "32"}, "truncated"),
         ({"offset": "100", "length": "16"}, "truncated"),
+        ({"offset": "9" * 30, "length": "16"}, "truncated"),
     ],
 )
 def test_bad_external_data_offsets_and_lengths_name_the_tensor(
