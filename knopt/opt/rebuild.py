@@ -202,7 +202,8 @@ def _constant_array(value: Value) -> np.ndarray:
 
 
 def _splat(builder: GraphBuilder, value: float, shape: tuple[Dim, ...], dtype: DType) -> Value:
-    one = builder.constant(np.array(value).astype(dtype.numpy).reshape((1,) * len(shape)))
+    with np.errstate(over="ignore"):  # a float beyond a narrow type is inf, as when computed
+        one = builder.constant(np.array(value).astype(dtype.numpy).reshape((1,) * len(shape)))
     return builder.broadcast(one, shape) if shape != (1,) * len(shape) else one
 
 
