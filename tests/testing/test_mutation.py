@@ -1,4 +1,5 @@
-"""Mutants of the fixture models: knopt gives a result or a knopt error, never anything else.
+"""Mutants of the fixture models (and of tests/hostile/corpus.py): knopt gives a result or a
+knopt error, never anything else.
 
 Each mutant (`knopt.testing.mutation`) is loaded, run on random inputs, optimized under small
 limits and run again, in a worker process (`knopt.testing.trial`) with a memory budget of
@@ -20,13 +21,15 @@ import pytest
 
 from knopt.testing.mutation import FIELD_MUTATIONS, Mutation, make_mutant
 from knopt.testing.trial import CRASH, FAILED, HANG, OK, REFUSED, Trials, run_campaign
+from tests.hostile.corpus import corpus
 from tests.models import fixtures
 
 MUTANTS = int(os.environ.get("KNOPT_MUTANTS", "300"))
 SEED = int(os.environ.get("KNOPT_MUTANT_SEED", "0"))
 OPTIMIZE_EVERY = int(os.environ.get("KNOPT_MUTANT_OPTIMIZE_EVERY", "1"))
 PEAK_LIMIT = 2 * 2**30
-MODELS = [(f.file, f.path.read_bytes()) for f in fixtures()]
+# The fixtures, and small models of what they lack (functions, If, Loop, Scan).
+MODELS = [(f.file, f.path.read_bytes()) for f in fixtures()] + corpus()
 MLP = next(data for name, data in MODELS if name == "mlp_ts14.onnx")
 
 
