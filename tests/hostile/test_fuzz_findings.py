@@ -188,6 +188,28 @@ CASES: dict[str, tuple[onnx.ModelProto, str]] = {
         ),
         "node 'if'.*1 and 2 outputs",
     ),
+    "concat_of_scalars": (
+        model(
+            [helper.make_node("Concat", ["a", "b"], ["y"], name="c", axis=0)],
+            [],
+            [info("y", None, I64)],
+            [ints("a", 1), ints("b", 2)],
+        ),
+        "node 'c'.*not scalars",
+    ),
+    "concat_of_a_size_and_a_scalar": (
+        model(
+            [
+                helper.make_node("Shape", ["x"], ["s"], name="shape"),
+                helper.make_node("Gather", ["s", "i"], ["n"], name="batch"),
+                helper.make_node("Concat", ["n", "n"], ["y"], name="c", axis=0),
+            ],
+            [info("x", ["n", 4])],
+            [info("y", None, I64)],
+            [ints("i", 0)],
+        ),
+        "node 'c'.*not scalars",
+    ),
     "range_of_two_values": (
         model(
             [helper.make_node("Range", ["a", "b", "c"], ["y"], name="r")],
@@ -247,3 +269,12 @@ def test_windows_of_extreme_sizes_agree_with_onnxruntime(case: str) -> None:
     (expected,) = run_onnxruntime(proto, {"x": x})
     (got,) = knopt.compile(proto.SerializeToString()).run(None, {"x": x})
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_slice_parameters_given_as_scalars_are_read_as_lists() -> None:
+    slicer = helper.make_node("Slice", ["x", "a", "b", "c", "d"], ["y"], name="s")
+    params = [ints("a", [1]), ints("b", [7]), ints("c", 1), ints("d", 2)]
+    proto = model([slicer], [info("x", [2, 8])], [info("y", None)], params)
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    (y,) = knopt.compile(proto.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_array_equal(y, x[:, 1:7:2])

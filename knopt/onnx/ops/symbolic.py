@@ -164,10 +164,12 @@ def _concat(
     ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
 ) -> list[Known] | None:
     values = [a for a in args if a is not None]
-    axis = axis_of(ctx, ctx.attributes(node).int("axis"), values[0].array.ndim)
-    rest = {tuple(np.delete(np.array(v.array.shape, np.int64), axis)) for v in values}
-    if len({v.array.ndim for v in values}) != 1 or len(rest) != 1:
+    ranks = {v.array.ndim for v in values}
+    if len(ranks) != 1 or 0 in ranks:
         return None  # the importer names the shapes that do not fit
+    axis = axis_of(ctx, ctx.attributes(node).int("axis"), values[0].array.ndim)
+    if len({v.array.shape[:axis] + v.array.shape[axis + 1 :] for v in values}) != 1:
+        return None
     joined = np.concatenate([_objects(v) for v in values], axis=axis)
     return [_result(joined, values[0].dtype)]
 
@@ -285,7 +287,7 @@ def _reduce_prod(
         axes = attrs.ints("axes") if attrs.has("axes") else None
     else:
         attrs.int("noop_with_empty_axes", 0)
-        axes = None if len(args) < 2 or args[1] is None else args[1].concrete().tolist()
+        axes = None if len(args) < 2 or args[1] is None else args[1].concrete().reshape(-1).tolist()
     axis = None if not axes else tuple(axes_of(ctx, axes, x.array.ndim))
     product = np.multiply.reduce(_objects(x), axis=axis, keepdims=keepdims, initial=1)  # type: ignore[call-overload]
     return [_result(np.asarray(product), x.dtype)]

@@ -220,6 +220,8 @@ def _transpose(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _concat(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     values = [v for v in ctx.inputs(node, count=(1, None)) if v is not None]
     axis = ctx.attributes(node).int("axis")
+    if any(v.rank == 0 for v in values):
+        raise ctx.fail("Concat joins tensors of rank 1 or more, not scalars")
     values = [v for v in values if v.shape[axis_of(ctx, axis, v.rank)] != 0] or values[:1]
     return [ctx.builder.concat(values, axis=axis_of(ctx, axis, values[0].rank))]
 
@@ -265,9 +267,15 @@ def _slice(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         starts = _signed_shape_input(ctx, node, 1, "starts")
         ends = _signed_shape_input(ctx, node, 2, "ends")
         known_axes = ctx.known_input(node, 3, "axes")
-        axes = list(range(len(starts))) if known_axes is None else [int(a) for a in known_axes]
+        axes = (
+            list(range(len(starts)))
+            if known_axes is None
+            else [int(a) for a in known_axes.reshape(-1)]
+        )
         known_steps = ctx.known_input(node, 4, "steps")
-        steps = [1] * len(starts) if known_steps is None else [int(s) for s in known_steps]
+        steps = (
+            [1] * len(starts) if known_steps is None else [int(s) for s in known_steps.reshape(-1)]
+        )
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise ctx.fail(
             f"starts {starts}, ends {ends}, axes {axes} and steps {steps} differ in length"
@@ -389,7 +397,9 @@ def _pad(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         value = 0.0 if constant is None or constant.size == 0 else float(constant.reshape(-1)[0])
         known_axes = ctx.known_input(node, 3, "axes")
         axes = (
-            list(range(x.rank)) if known_axes is None else axes_of(ctx, known_axes.tolist(), x.rank)
+            list(range(x.rank))
+            if known_axes is None
+            else axes_of(ctx, known_axes.reshape(-1).tolist(), x.rank)
         )
     if len(pads) != 2 * len(axes):
         raise ctx.fail(f"pads {pads} need two entries per padded axis")
