@@ -84,6 +84,8 @@ def pool(op: Pool, x: Array) -> Array:
             out = (size - span) // op.strides[i] + 1
         out_spatial.append(out)
         extra.append(max(0, (out - 1) * op.strides[i] + span - size))
+    if any(o <= 0 for o in out_spatial):  # the window is wider than the padded input
+        return np.zeros((*x.shape[:2], *(max(o, 0) for o in out_spatial)), x.dtype)
     widths = ((0, 0), (0, 0), *((b, a + e) for (b, a), e in zip(op.pads, extra, strict=True)))
     window = (op.kernel, op.strides, op.dilations, tuple(out_spatial))
     if op.kind is PoolKind.MAX:

@@ -25,7 +25,7 @@ from knopt.errors import SymbolicSizeError, UnsupportedModelError
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
-from knopt.ir.shape import Sym
+from knopt.ir.shape import Dim, Sym
 from knopt.onnx.data import tensor_array
 
 
@@ -316,6 +316,25 @@ class ImportContext:
                 "(dims=...)"
             )
         return found.concrete()
+
+    def shape_of(self, value: Value, rank: builtins.int, what: str) -> tuple[Dim, ...]:
+        """The shape of `value`, which must have `rank` dimensions.
+
+        Raises:
+            UnsupportedModelError: If it has another rank.
+        """
+        if value.rank != rank:
+            raise self.fail(f"{what} must have rank {rank}, not {value.rank} ({value.type})")
+        return value.shape
+
+    def require_rank(self, value: Value, at_least: builtins.int, what: str) -> None:
+        """Check that `value` has at least `at_least` dimensions.
+
+        Raises:
+            UnsupportedModelError: If it has fewer.
+        """
+        if value.rank < at_least:
+            raise self.fail(f"{what} needs rank {at_least} or more, not {value.rank}")
 
     def known_number(self, node: onnx.NodeProto, index: int, what: str) -> builtins.float:
         """Required input `index` as one number known at import time.

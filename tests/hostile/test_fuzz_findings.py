@@ -210,6 +210,34 @@ CASES: dict[str, tuple[onnx.ModelProto, str]] = {
         ),
         "node 'c'.*not scalars",
     ),
+    "instance_norm_of_a_vector": (
+        model(
+            [helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], name="n")],
+            [info("x", [4]), info("s", [4]), info("b", [4])],
+            [info("y", None)],
+        ),
+        "node 'n'.*rank 3 or more",
+    ),
+    "depth_to_space_of_rank_3": (
+        model(
+            [helper.make_node("DepthToSpace", ["x"], ["y"], name="d", blocksize=2)],
+            [info("x", [1, 8, 2])],
+            [info("y", None)],
+        ),
+        "node 'd'.*rank 4, not 3",
+    ),
+    "reversed_slice_from_a_symbolic_start": (
+        model(
+            [
+                helper.make_node("Shape", ["x"], ["s"], name="shape"),
+                helper.make_node("Slice", ["v", "s", "end", "zero", "back"], ["y"], name="s"),
+            ],
+            [info("x", ["n"]), info("v", [5])],
+            [info("y", None)],
+            [ints("end", [0]), ints("zero", [0]), ints("back", [-1])],
+        ),
+        "node 's'.*static starts and ends",
+    ),
     "range_of_two_values": (
         model(
             [helper.make_node("Range", ["a", "b", "c"], ["y"], name="r")],
@@ -278,3 +306,12 @@ def test_slice_parameters_given_as_scalars_are_read_as_lists() -> None:
     x = np.arange(16, dtype=np.float32).reshape(2, 8)
     (y,) = knopt.compile(proto.SerializeToString()).run(None, {"x": x})
     np.testing.assert_array_equal(y, x[:, 1:7:2])
+
+
+def test_a_pool_wider_than_its_padded_input_gives_an_empty_result() -> None:
+    pool = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    proto = model([pool], [info("x", [1, 2, 4, 0])], [info("y", None)])
+    (y,) = knopt.compile(proto.SerializeToString()).run(
+        None, {"x": np.ones((1, 2, 4, 0), np.float32)}
+    )
+    assert y.shape == (1, 2, 4, 0)

@@ -326,7 +326,8 @@ def slice_axis(ctx: ImportContext, x: Value, axis: int, start: Dim, end: Dim, st
         )
     lo = _clamp_index(start, dim, 0, -1)
     hi = _clamp_index(end, dim, -1, -1)
-    assert isinstance(lo, int) and isinstance(hi, int)
+    if not isinstance(lo, int) or not isinstance(hi, int):
+        raise ctx.fail_symbolic("Slice with a negative step needs static starts and ends")
     # Reverse the axis: index i becomes dim - 1 - i and the step becomes positive.
     first, stop = dim - 1 - lo, dim - 1 - hi
     if stop < first:
@@ -460,6 +461,7 @@ def _trilu(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     upper = ctx.attributes(node).int("upper", 1)
     known_k = ctx.optional_int(node, 1, "k")
     k = 0 if known_k is None else known_k
+    ctx.require_rank(x, 2, "Trilu's input")
     rows, cols = x.shape[-2:]
     builder = ctx.builder
     zero = builder.constant(np.zeros((), x.dtype.numpy))
@@ -506,7 +508,7 @@ def _depth_to_space(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]
     attrs = ctx.attributes(node)
     block = attrs.int("blocksize")
     mode = attrs.string("mode", "DCR")
-    n, c, h, w = x.shape
+    n, c, h, w = ctx.shape_of(x, 4, "DepthToSpace's input")
     depth = exact_div(c, block * block)
     builder = ctx.builder
     if mode == "DCR":
@@ -528,7 +530,7 @@ def _space_to_depth(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]
     mode = attrs.string("mode", "DCR") if ctx.opset >= 28 else "DCR"
     if mode not in ("DCR", "CRD"):
         raise ctx.fail(f"SpaceToDepth mode '{mode}' is not DCR or CRD")
-    n, c, h, w = x.shape
+    n, c, h, w = ctx.shape_of(x, 4, "SpaceToDepth's input")
     builder = ctx.builder
     t = builder.view(x, (n, c, exact_div(h, block), block, exact_div(w, block), block))
     # DCR puts the block offsets before the channels, CRD after them.
@@ -542,7 +544,7 @@ def _eye_like(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     attrs = ctx.attributes(node)
     k = attrs.int("k", 0)
     dtype = DType.from_onnx(attrs.int("dtype"), ctx.where) if attrs.has("dtype") else x.dtype
-    rows, cols = x.shape
+    rows, cols = ctx.shape_of(x, 2, "EyeLike's input")
     if not isinstance(rows, int) or not isinstance(cols, int):
         raise ctx.fail_symbolic("EyeLike on symbolic sizes is not supported")
     return [ctx.builder.constant(np.eye(rows, cols, k, dtype=dtype.numpy))]
