@@ -22,13 +22,17 @@ from knopt.errors import (
     InvalidGraphError,
     InvalidModelError,
     KnoptError,
+    MemoryLimitError,
     OptimizeError,
     RuleFileError,
+    RunError,
     SymbolicSizeError,
     UnsupportedModelError,
+    UsageError,
 )
 from knopt.ir.dims import SizeProfile, SizeRange
 from knopt.ir.graph import Graph
+from knopt.ir.memory import set_memory_limit
 from knopt.onnx.export import DEFAULT_OPSET, save_onnx
 from knopt.onnx.export_kernels import save_kernels
 from knopt.onnx.load import import_model, input_symbols, load_model
@@ -176,14 +180,18 @@ __all__ = [
     "InvalidGraphError",
     "InvalidModelError",
     "KnoptError",
+    "MemoryLimitError",
     "OptimizeError",
     "RuleFileError",
+    "RunError",
     "Session",
     "SymbolicSizeError",
     "UnsupportedModelError",
+    "UsageError",
     "__version__",
     "compile",
     "load",
     "optimize",
     "save",
+    "set_memory_limit",
 ]

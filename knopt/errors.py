@@ -41,8 +41,27 @@ class SymbolicBroadcastError(SymbolicSizeError, InvalidGraphError):
     """Different symbolic sizes meet where they must be equal (or 1), and nothing says they are."""
 
 
+class UsageError(KnoptError):
+    """A command line asks for something that cannot be (the CLI exits with status 2).
+
+    A malformed option value, an output path that cannot be written, sizes the model does not
+    name.
+    """
+
+
 class InputError(KnoptError):
     """The inputs given to a session do not match the model (names, shapes, dtypes)."""
+
+
+class MemoryLimitError(KnoptError):
+    """A tensor would exceed the memory budget (`knopt.set_memory_limit`, `KNOPT_MEMORY_LIMIT`).
+
+    Raised before anything is allocated, naming the node or file that asked for it.
+    """
+
+
+class RunError(KnoptError):
+    """Running a model failed on the values it computed (an index out of range); names the node."""
 
 
 class RuleFileError(KnoptError):

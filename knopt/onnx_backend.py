@@ -160,12 +160,18 @@ def _ancestors(graph: onnx.GraphProto, name: str) -> Iterator[str]:
 
 
 def _outer_names(node: onnx.NodeProto) -> Iterator[str]:
-    """Names that the subgraphs of `node` read from the enclosing graph."""
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.HasField("g") else list(attr.graphs)
-        for graph in graphs:
-            local = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-            for inner in graph.node:
-                local.update(inner.output)
-                yield from (n for n in inner.input if n and n not in local)
-                yield from (n for n in _outer_names(inner) if n not in local)
+    """Names that the subgraphs of `node` read from the enclosing graph (an iterative walk)."""
+    # Each pending node carries the names its enclosing subgraphs define before it.
+    stack: list[tuple[onnx.NodeProto, frozenset[str]]] = [(node, frozenset())]
+    while stack:
+        current, outer_local = stack.pop()
+        for attr in current.attribute:
+            for graph in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                local = set(outer_local)
+                local.update(i.name for i in graph.input)
+                local.update(t.name for t in graph.initializer)
+                for inner in graph.node:
+                    local.update(inner.output)
+                    yield from (n for n in inner.input if n and n not in local)
+                    if any(a.HasField("g") or a.graphs for a in inner.attribute):
+                        stack.append((inner, frozenset(local)))

@@ -10,7 +10,8 @@ inside functions. From the bottom up:
     cuda, testing         the GPU backend; rule checking and fuzzing (independent of each other)
     cache                 optimized programs on disk, shared between processes
     session, ...          what users call: sessions, calibration, the ONNX backend adapter,
-                          the package's functions, serving, the commands and the CLI
+                          the package's functions, serving, the mutation fuzzer's
+                          trials (which run whole models), the commands and the CLI
 
 A module may import modules of its own package and of lower layers only. A function-local
 import is allowed only for an optional part that needs extra packages (`knopt.cuda`: the CUDA
@@ -37,7 +38,7 @@ LAYERS: list[set[str]] = [
     {"knopt.session"},
     {"knopt.calibrate", "knopt.onnx_backend"},
     {"knopt"},
-    {"knopt.serve"},
+    {"knopt.serve", "knopt.testing.trial"},
     {"knopt.commands"},
     {"knopt.cli"},
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from knopt.errors import KnoptError
+from knopt.errors import UsageError
 from knopt.ir.dims import SizeRange, parse_range_text
 
 
@@ -18,7 +18,7 @@ def parse_dims(items: Sequence[str]) -> dict[str, int]:
     for item in items:
         name, _, size = item.partition("=")
         if not name or not size.isdigit() or int(size) < 1:
-            raise KnoptError(f"--dims {item!r}: expected NAME=SIZE with a positive size")
+            raise UsageError(f"--dims {item!r}: expected NAME=SIZE with a positive size")
         dims[name] = int(size)
     return dims
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 import knopt
-from knopt.errors import KnoptError
+from knopt.errors import KnoptError, UsageError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -68,10 +68,10 @@ def run(args: argparse.Namespace) -> int:
     spec = ModelSpec.of(session)
     missing = [name for name in spec.sizes() if name not in sizes]
     if missing:
-        raise KnoptError(f"give sizes for {missing} with --dims NAME=SIZE[,SIZE...]")
+        raise UsageError(f"give sizes for {missing} with --dims NAME=SIZE[,SIZE...]")
     unknown = sorted(set(sizes) - set(spec.sizes()))
     if unknown:
-        raise KnoptError(f"--dims {unknown}: the model's named sizes are {spec.sizes()}")
+        raise UsageError(f"--dims {unknown}: the model's named sizes are {spec.sizes()}")
     names = spec.sizes()
     for combination in itertools.product(*(sizes[name] for name in names)):
         bound = dict(zip(names, combination, strict=True))
@@ -98,7 +98,7 @@ def parse_size_lists(items: Sequence[str]) -> dict[str, list[int]]:
         name, _, values = item.partition("=")
         parts = values.split(",")
         if not name or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise KnoptError(f"--dims {item!r}: expected NAME=SIZE[,SIZE...] with positive sizes")
+            raise UsageError(f"--dims {item!r}: expected NAME=SIZE[,SIZE...] with positive sizes")
         sizes[name] = [int(p) for p in parts]
     return sizes
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import knopt
 from knopt.commands.common import parse_ranges
-from knopt.errors import KnoptError
+from knopt.errors import KnoptError, UsageError
 from knopt.ir.dims import SizeProfile
 from knopt.onnx.load import default_opset, input_symbols, load_model
 from knopt.opt.cost import PROFILES
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     """Optimize, report and save."""
     html_problem = _unwritable(args.html) if args.html else None
     if html_problem and not args.output:
-        raise KnoptError(f"--html {args.html}: {html_problem}")
+        raise UsageError(f"--html {args.html}: {html_problem}")
     if html_problem:
         # Say so at once, and still save the model: the user may want it more than the report.
         print(
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         summary += f"; saturation stopped by the {report.stopped_by}"
     print(summary + (f"; wrote {args.output}" if args.output else ""), file=sys.stderr)
     if html_problem:
-        raise KnoptError(f"--html {args.html}: {html_problem}; the report was not written")
+        raise UsageError(f"--html {args.html}: {html_problem}; the report was not written")
     if args.html:
         _write_html(args.html, to_html(result, title=args.model.name))
     return 0

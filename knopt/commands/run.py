@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import numpy as np
 import knopt
 from knopt.commands.common import parse_ranges
 from knopt.errors import InputError, KnoptError
+from knopt.ir.memory import check_bytes, format_bytes
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -63,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         )
     outputs = dict(zip(session.output_names, session.run(None, feeds), strict=True))
     if args.output is not None:
+        _check_room(Path(args.output), outputs)
         try:
             np.savez(args.output, **outputs)
         except OSError as err:
@@ -90,9 +93,26 @@ def _read_inputs(path: Path) -> dict[str, np.ndarray]:
             raise InputError(f"{path}: not a readable .npz file ({err})") from err
 
 
+def _check_room(path: Path, outputs: dict[str, np.ndarray]) -> None:
+    """Refuse to write outputs larger than the memory budget or the free disk space."""
+    size = sum(array.nbytes for array in outputs.values())
+    check_bytes(size, f"{path}: the outputs")
+    try:
+        free = shutil.disk_usage(path.resolve().parent).free
+    except OSError as err:
+        raise KnoptError(f"{path}: cannot write the outputs ({err.strerror})") from err
+    if size > free:
+        raise KnoptError(
+            f"{path}: the outputs need {format_bytes(size)} but the disk has "
+            f"{format_bytes(free)} free"
+        )
+
+
 def _summary(array: np.ndarray) -> str:
     text = f"shape {list(array.shape)}, dtype {array.dtype}"
     if array.size == 0:
         return text + ", empty"
-    values = array.astype(np.float64)
-    return f"{text}, min {values.min():.6g}, max {values.max():.6g}, mean {values.mean():.6g}"
+    # Reductions in place: a float64 copy of a broadcast output could be 8 times its size.
+    low, high = float(array.min()), float(array.max())
+    mean = float(np.mean(array, dtype=np.float64))
+    return f"{text}, min {low:.6g}, max {high:.6g}, mean {mean:.6g}"

@@ -7,9 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from knopt.ir.memory import check_shape
 from knopt.ir.op import Conv, Pool, PoolKind
 
 Array = np.ndarray
+_MAX_OFFSET_PASSES = 256  # kernel offsets looped over in Python; larger kernels reduce a view
 
 
 def windows(
@@ -25,10 +27,12 @@ def windows(
     lead = x.strides[:2]
     spatial = x.strides[2:]
     shape = (*x.shape[:2], *out_spatial, *kernel)
+    # A step along an axis of one position is never taken: 0 keeps a huge stride or dilation
+    # from overflowing numpy's byte strides.
     steps = (
         *lead,
-        *(st * s for st, s in zip(spatial, strides, strict=True)),
-        *(st * d for st, d in zip(spatial, dilations, strict=True)),
+        *(st * s if o > 1 else 0 for st, s, o in zip(spatial, strides, out_spatial, strict=True)),
+        *(st * d if k > 1 else 0 for st, d, k in zip(spatial, dilations, kernel, strict=True)),
     )
     # The same view as_strided makes, built directly: as_strided goes through
     # __array_interface__ and costs 10 us, more than a small convolution's arithmetic.
@@ -56,6 +60,7 @@ def conv(op: Conv, x: Array, w: Array) -> Array:
     if any(o <= 0 for o in out_spatial):
         return np.zeros((n, m, *(max(o, 0) for o in out_spatial)), x.dtype)
     k, positions = math.prod(kernel), math.prod(out_spatial)
+    check_shape((n, c * k, positions), x.dtype.itemsize, "the im2col columns of a convolution")
     view = windows(xp, kernel, op.strides, op.dilations, out_spatial)
     # Kernel axes before position axes: the copy that reshape makes is then im2col's layout.
     cols = view.transpose(0, 1, *range(2 + spatial, 2 + 2 * spatial), *range(2, 2 + spatial))
@@ -79,6 +84,8 @@ def pool(op: Pool, x: Array) -> Array:
             out = (size - span) // op.strides[i] + 1
         out_spatial.append(out)
         extra.append(max(0, (out - 1) * op.strides[i] + span - size))
+    if any(o <= 0 for o in out_spatial):  # the window is wider than the padded input
+        return np.zeros((*x.shape[:2], *(max(o, 0) for o in out_spatial)), x.dtype)
     widths = ((0, 0), (0, 0), *((b, a + e) for (b, a), e in zip(op.pads, extra, strict=True)))
     window = (op.kernel, op.strides, op.dilations, tuple(out_spatial))
     if op.kind is PoolKind.MAX:
@@ -107,6 +114,7 @@ def _padded(x: Array, widths: tuple[tuple[int, int], ...], value: float) -> Arra
     if not any(b or a for b, a in widths):
         return x
     shape = tuple(d + b + a for d, (b, a) in zip(x.shape, widths, strict=True))
+    check_shape(shape, x.dtype.itemsize, "a padded input of a window op")
     out = np.full(shape, value, x.dtype)
     out[tuple(slice(b, b + d) for d, (b, _) in zip(x.shape, widths, strict=True))] = x
     return out
@@ -123,8 +131,13 @@ def _over_windows(
     """Each window of the trailing axes of `xp` combined elementwise by `combine`.
 
     One pass per kernel offset over a strided slice: much faster in numpy than reducing the
-    windows view, whose innermost axes are the short kernel axes.
+    windows view, whose innermost axes are the short kernel axes. Large kernels (a global
+    pool written as a window over the whole input) reduce the view instead: a Python loop
+    over millions of offsets would take minutes.
     """
+    if math.prod(kernel) > _MAX_OFFSET_PASSES:
+        view = windows(xp, kernel, strides, dilations, out_spatial)
+        return np.asarray(combine.reduce(view, axis=tuple(range(xp.ndim, view.ndim))))
     result: Array | None = None
     for offset in np.ndindex(*kernel):
         index = tuple(

@@ -11,10 +11,11 @@ from typing import Any
 import numpy as np
 
 from knopt.cpu.kernels import KERNELS, Kernel
-from knopt.errors import InputError
+from knopt.errors import InputError, MemoryLimitError, RunError
 from knopt.ir import op as ops
 from knopt.ir.dtype import COMPUTE_TYPE
 from knopt.ir.graph import Graph, Node, Value
+from knopt.ir.memory import check_value
 from knopt.ir.shape import format_shape, is_static
 
 # numpy dtypes (bfloat16, float8, int4...) computed in a wider type by the ops below.
@@ -54,6 +55,8 @@ def run_graph(
 
     Raises:
         InputError: If a feed is missing or has the wrong shape or dtype.
+        RunError: If a node fails on the values it gets (an index out of range), naming it.
+        MemoryLimitError: If a node's kernel would need more than the memory budget.
     """
     steps = _STEPS.get(graph)
     if steps is None:
@@ -79,7 +82,12 @@ def run_graph(
 
 
 def run_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
-    """Evaluate one node on its input arrays."""
+    """Evaluate one node on its input arrays.
+
+    Raises:
+        MemoryLimitError: If its result would be larger than the memory budget.
+    """
+    check_value(node.output, node.describe())
     narrow = isinstance(node.op, _COMPUTE_OPS) and any(a.dtype in _WIDER for a in args)
     with np.errstate(all="ignore"):
         return _evaluate(_Step.of(node, (), narrow), args)
@@ -88,7 +96,10 @@ def run_node(node: Node, args: list[np.ndarray]) -> np.ndarray:
 def _evaluate(step: _Step, args: list[np.ndarray]) -> np.ndarray:
     if step.narrow:
         args = [a.astype(_WIDER[a.dtype]) if a.dtype in _WIDER else a for a in args]
-    result = np.asarray(step.kernel(step.node.op, *args))
+    try:
+        result = np.asarray(step.kernel(step.node.op, *args))
+    except (RunError, MemoryLimitError) as err:  # the kernel cannot name its node
+        raise type(err)(f"{step.node.describe()}: {err}") from err
     if step.narrow or result.dtype != step.dtype:
         result = result.astype(step.dtype)
     if result.shape != step.shape:

@@ -13,6 +13,7 @@ import numpy as np
 
 from knopt.cpu.conv import conv, pool
 from knopt.cpu.elementwise import NUMPY_BINARY, NUMPY_UNARY
+from knopt.errors import RunError
 from knopt.ir import op as ops
 from knopt.ir.op import PadMode, Reduction, ScatterReduction
 
@@ -61,10 +62,22 @@ def _concat(op: ops.Concat, *xs: Array) -> Array:
     return np.concatenate(xs, axis=op.axis)
 
 
+def _wrap(indices: Array, size: int) -> Array:
+    """Indices with negatives counted from the end, each checked to lie in [-size, size).
+
+    Raises:
+        RunError: If an index is out of range (onnxruntime refuses it too).
+    """
+    if indices.size and (indices.min() < -size or indices.max() >= size):
+        bad = indices[(indices < -size) | (indices >= size)].flat[0]
+        raise RunError(
+            f"index {bad} is out of range for an axis of size {size} (valid: {-size} to {size - 1})"
+        )
+    return np.where(indices < 0, indices + size, indices).astype(np.intp)
+
+
 def _gather(op: ops.Gather, x: Array, indices: Array) -> Array:
-    size = x.shape[op.axis]
-    wrapped = np.where(indices < 0, indices + size, indices)
-    return np.take(x, wrapped, axis=op.axis)
+    return np.take(x, _wrap(indices, x.shape[op.axis]), axis=op.axis)
 
 
 _SCATTER_UFUNCS: dict[ScatterReduction, Any] = {
@@ -79,7 +92,7 @@ def _scatter(op: ops.Scatter, data: Array, indices: Array, updates: Array) -> Ar
     out = data.copy()
     size = data.shape[op.axis]
     index: list[Array] = list(np.indices(indices.shape, sparse=True))
-    index[op.axis] = np.where(indices < 0, indices + size, indices)
+    index[op.axis] = _wrap(indices, size)
     if op.reduction is ScatterReduction.NONE:
         out[tuple(index)] = updates
     else:

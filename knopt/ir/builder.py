@@ -15,6 +15,7 @@ from knopt.errors import InvalidGraphError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Node, Value
+from knopt.ir.memory import check_shape, check_value
 from knopt.ir.op import Binary, ConstData, Op, PadMode, PoolKind, Reduction, TensorType, Unary
 from knopt.ir.shape import Dim, Shape, broadcast_shapes
 
@@ -44,6 +45,7 @@ class GraphBuilder:
 
         Raises:
             InvalidGraphError: If the inputs do not fit the op.
+            MemoryLimitError: If its value would be larger than the memory budget.
         """
         inputs = tuple(inputs)
         key = (op, inputs, self.scope)
@@ -55,6 +57,7 @@ class GraphBuilder:
                 f"{node.describe()}: takes {op.arity} inputs, got {len(inputs)}"
             )
         node.output = Value(op.infer([v.type for v in inputs], node.describe()), node)
+        check_value(node.output, node.describe())
         self._nodes.append(node)
         self._memo[key] = node.output
         if self.scope is not None:
@@ -111,6 +114,7 @@ class GraphBuilder:
     def scalar(self, value: float | int | bool, dtype: DType, shape: Shape = ()) -> Value:
         """A constant of `shape` whose elements all equal `value` (broadcast if symbolic)."""
         if all(isinstance(d, int) for d in shape):
+            check_shape(shape, dtype.numpy.itemsize, f"a constant made for {self.current_name}")  # type: ignore[arg-type]
             return self.constant(np.full(shape, value, dtype.numpy))  # type: ignore[arg-type]
         one = self.constant(np.full((1,) * len(shape), value, dtype.numpy))
         return self.broadcast(one, shape)

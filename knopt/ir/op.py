@@ -689,8 +689,20 @@ class MatMul(Op):
 
 
 def _window_size(
-    size: Dim, kernel: int, stride: int, pad: tuple[int, int], dilation: int, ceil: bool
+    size: Dim,
+    kernel: int,
+    stride: int,
+    pad: tuple[int, int],
+    dilation: int,
+    ceil: bool,
+    where: str,
 ) -> Dim:
+    if kernel < 1 or stride < 1 or dilation < 1 or min(pad) < 0:
+        raise _fail(
+            where,
+            f"window of kernel {kernel}, stride {stride}, dilation {dilation} and pads "
+            f"{list(pad)} is not positive",
+        )
     span = size + pad[0] + pad[1] - (dilation * (kernel - 1) + 1)
     if isinstance(span, int):
         if span < 0:
@@ -729,7 +741,13 @@ class Conv(Op):
                 raise _fail(where, "conv kernel sizes must be static")
             dims.append(
                 _window_size(
-                    x.shape[2 + i], k, self.strides[i], self.pads[i], self.dilations[i], False
+                    x.shape[2 + i],
+                    k,
+                    self.strides[i],
+                    self.pads[i],
+                    self.dilations[i],
+                    False,
+                    where,
                 )
             )
         return TensorType((x.shape[0], w.shape[0], *dims), dtype)
@@ -779,6 +797,7 @@ class Pool(Op):
                 self.pads[i],
                 self.dilations[i],
                 self.ceil_mode,
+                where,
             )
             for i in range(spatial)
         ]

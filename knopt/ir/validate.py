@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from knopt.errors import InvalidGraphError
 from knopt.ir.graph import Graph, Value
+from knopt.ir.memory import check_value
 from knopt.ir.op import Input
-from knopt.ir.shape import numel
-
-MAX_ELEMENTS = 2**34  # larger tensors are declared by mistake or by malice, never in earnest
 
 
 def validate(graph: Graph) -> None:
@@ -15,10 +13,11 @@ def validate(graph: Graph) -> None:
 
     Checks: nodes are in topological order and each input is defined before use (so there is no
     cycle), every node's type is what its op infers, inputs are Input nodes listed once, outputs
-    are defined, and no tensor has more than 2^34 elements.
+    are defined, and no tensor is larger than the memory budget (`knopt.ir.memory`).
 
     Raises:
         InvalidGraphError: On the first broken invariant, naming the node.
+        MemoryLimitError: If a tensor is larger than the memory budget, naming its node.
     """
     defined: set[Value] = set()
     for node in graph.nodes:
@@ -33,7 +32,7 @@ def validate(graph: Graph) -> None:
             raise InvalidGraphError(
                 f"{node.describe()}: has type {node.output.type} but its op gives {expected}"
             )
-        _check_size(node.output, node.describe())
+        check_value(node.output, node.describe())
         defined.add(node.output)
     seen_inputs: set[Value] = set()
     for value in graph.inputs:
@@ -47,11 +46,3 @@ def validate(graph: Graph) -> None:
     for name, value in zip(graph.output_names, graph.outputs, strict=True):
         if value not in defined:
             raise InvalidGraphError(f"graph output '{name}' is not defined by any node")
-
-
-def _check_size(value: Value, where: str) -> None:
-    count = numel(value.shape)
-    if isinstance(count, int) and count > MAX_ELEMENTS:
-        raise InvalidGraphError(
-            f"{where}: tensor of {count} elements ({value.type}) exceeds the limit of 2^34"
-        )

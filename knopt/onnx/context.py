@@ -13,13 +13,13 @@ Reshape` chains become plain attributes instead of runtime work.
 from __future__ import annotations
 
 import builtins
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from knopt.errors import SymbolicSizeError, UnsupportedModelError
 from knopt.ir import op as ops
@@ -27,6 +27,7 @@ from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.shape import Dim, Sym
+from knopt.onnx.data import tensor_array
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,7 +197,7 @@ class Attributes:
     def tensor(self, name: str) -> np.ndarray | None:
         """A TENSOR attribute as an array, or None."""
         attr = self._get(name, onnx.AttributeProto.TENSOR)
-        return None if attr is None else numpy_helper.to_array(attr.t)
+        return None if attr is None else tensor_array(attr.t, f"{self.where}: attribute '{name}'")
 
     def tensor_proto(self, name: str) -> onnx.TensorProto | None:
         """A TENSOR attribute as its proto, or None."""
@@ -331,6 +332,83 @@ class ImportContext:
                 "(dims=...)"
             )
         return found.concrete()
+
+    def shape_of(self, value: Value, rank: builtins.int, what: str) -> tuple[Dim, ...]:
+        """The shape of `value`, which must have `rank` dimensions.
+
+        Raises:
+            UnsupportedModelError: If it has another rank.
+        """
+        if value.rank != rank:
+            raise self.fail(f"{what} must have rank {rank}, not {value.rank} ({value.type})")
+        return value.shape
+
+    def require_rank(self, value: Value, at_least: builtins.int, what: str) -> None:
+        """Check that `value` has at least `at_least` dimensions.
+
+        Raises:
+            UnsupportedModelError: If it has fewer.
+        """
+        if value.rank < at_least:
+            raise self.fail(f"{what} needs rank {at_least} or more, not {value.rank}")
+
+    def known_number(self, node: onnx.NodeProto, index: int, what: str) -> builtins.float:
+        """Required input `index` as one number known at import time.
+
+        Raises:
+            UnsupportedModelError: If it is absent, only known at run time, or does not hold
+                exactly one number.
+        """
+        value = self.optional_number(node, index, what)
+        if value is None:
+            raise self.fail(f"input {index} ({what}) is required")
+        return value
+
+    def optional_number(self, node: onnx.NodeProto, index: int, what: str) -> builtins.float | None:
+        """Input `index` as one number known at import time, or None if absent.
+
+        Raises:
+            UnsupportedModelError: If it is only known at run time, or does not hold exactly
+                one number.
+        """
+        array = self.known_input(node, index, what)
+        if array is None:
+            return None
+        if array.size != 1:
+            raise self.fail(f"input {index} ({what}) must hold one value, not {array.size}")
+        if array.dtype.kind == "c":
+            raise self.fail(f"input {index} ({what}) is complex")
+        return builtins.float(array.reshape(-1)[0])
+
+    def known_int(self, node: onnx.NodeProto, index: int, what: str) -> builtins.int:
+        """Required input `index` as one integer known at import time.
+
+        Raises:
+            UnsupportedModelError: As `known_number`, or if it is not a finite number.
+        """
+        value = self.optional_int(node, index, what)
+        if value is None:
+            raise self.fail(f"input {index} ({what}) is required")
+        return value
+
+    def optional_int(self, node: onnx.NodeProto, index: int, what: str) -> builtins.int | None:
+        """Input `index` as one integer known at import time, or None if absent.
+
+        Raises:
+            UnsupportedModelError: As `optional_number`, or if it is not a finite number.
+        """
+        array = self.known_input(node, index, what)
+        if array is None:
+            return None
+        if array.dtype.kind in "iub":
+            if array.size != 1:
+                raise self.fail(f"input {index} ({what}) must hold one value, not {array.size}")
+            return builtins.int(array.reshape(-1)[0])
+        value = self.optional_number(node, index, what)
+        assert value is not None
+        if not math.isfinite(value):
+            raise self.fail(f"input {index} ({what}) is {value}, not an integer")
+        return builtins.int(value)
 
     def symbolic_input(self, node: onnx.NodeProto, index: int, what: str) -> Known | None:
         """Input `index` as a known value that may hold symbolic sizes, or None if absent."""

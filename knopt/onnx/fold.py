@@ -64,6 +64,7 @@ def _evaluate(
     if fn is None:
         return None
     scratch = ImportContext(GraphBuilder("fold"), ctx.opset, where=ctx.where)
+    scratch.builder.current_name = ctx.builder.current_name  # a size error names the node
     scratch.functions = ctx.functions
     for name, known in zip(node.input, args, strict=True):
         if name and known is not None:

@@ -24,8 +24,9 @@ from knopt.errors import (
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Value
-from knopt.ir.shape import Dim, numel, sym
-from knopt.ir.validate import MAX_ELEMENTS, validate
+from knopt.ir.memory import check_shape
+from knopt.ir.shape import Dim, sym
+from knopt.ir.validate import validate
 from knopt.onnx import ops as _ops  # noqa: F401  (registers the importers)
 from knopt.onnx.context import (
     ImportContext,
@@ -33,6 +34,8 @@ from knopt.onnx.context import (
     KnownValueRequired,
     SizeComputationRequired,
 )
+from knopt.onnx.data import prepare_data
+from knopt.onnx.function import check_functions
 from knopt.onnx.nodes import import_nodes, initializer_value
 
 MIN_OPSET = 7
@@ -41,11 +44,14 @@ MIN_OPSET = 7
 def load_model(source: str | os.PathLike[str] | bytes) -> onnx.ModelProto:
     """Read an ONNX model from a path or bytes, with its external data.
 
-    External data must lie inside the model's own folder.
+    External data (of any tensor anywhere in the model) must lie inside the model's own
+    folder; a model given as bytes may have none.
 
     Raises:
-        InvalidModelError: If the file is missing, truncated, not ONNX, or its external data
-            is missing or points outside the model's folder.
+        InvalidModelError: If the file is missing, truncated, not ONNX, has text that is not
+            UTF-8, its external data is missing or points outside the model's folder, or a
+            model-local function calls itself.
+        MemoryLimitError: If external data is larger than the memory budget.
     """
     if isinstance(source, bytes):
         return _parse(source, "the given bytes", None)
@@ -65,63 +71,9 @@ def _parse(data: bytes, where: str, folder: Path | None) -> onnx.ModelProto:
         raise InvalidModelError(
             f"{where}: not an ONNX model (no graph or no opset); is the file truncated?"
         )
-    _load_external_data(model, where, folder)
+    prepare_data(model, where, folder)
+    check_functions(model)
     return model
-
-
-def _load_external_data(model: onnx.ModelProto, where: str, folder: Path | None) -> None:
-    for tensor in _all_tensors(model):
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        info = {e.key: e.value for e in tensor.external_data}
-        location = info.get("location", "")
-        if folder is None:
-            raise InvalidModelError(
-                f"{where}: tensor '{tensor.name}' keeps its data in '{location}'; "
-                "load the model from its file path instead of bytes"
-            )
-        base = folder.resolve()
-        target = (base / location).resolve()
-        if not location or Path(location).is_absolute() or not target.is_relative_to(base):
-            raise InvalidModelError(
-                f"{where}: tensor '{tensor.name}' reads external data from '{location}', "
-                "outside the model's folder; refusing to read it"
-            )
-        if not target.is_file():
-            raise InvalidModelError(
-                f"{where}: tensor '{tensor.name}' needs external data file '{location}', "
-                "which does not exist"
-            )
-        offset = int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else -1
-        with target.open("rb") as f:
-            f.seek(offset)
-            raw = f.read(length) if length >= 0 else f.read()
-        if length >= 0 and len(raw) != length:
-            raise InvalidModelError(
-                f"{where}: external data for '{tensor.name}' in '{location}' is truncated"
-            )
-        tensor.raw_data = raw
-        tensor.data_location = onnx.TensorProto.DEFAULT
-        del tensor.external_data[:]
-
-
-def _all_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
-    tensors: list[onnx.TensorProto] = []
-
-    def visit(graph: onnx.GraphProto) -> None:
-        tensors.extend(graph.initializer)
-        for node in graph.node:
-            for attr in node.attribute:
-                if attr.HasField("t"):
-                    tensors.append(attr.t)
-                if attr.HasField("g"):
-                    visit(attr.g)
-                for g in attr.graphs:
-                    visit(g)
-
-    visit(model.graph)
-    return tensors
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -165,10 +117,12 @@ def import_model(
             (and leave its inputs), so that shapes or axes computed from them are known.
 
     Raises:
+        InvalidModelError: If a model-local function calls itself.
         UnsupportedModelError: If the model uses an op, attribute or type knopt lacks.
         SymbolicSizeError: If a step needs a size fixed (pass it in `dims`).
         InvalidGraphError: If the graph is malformed (a cycle, a dangling input, bad shapes).
     """
+    check_functions(model)  # also for models built in memory, not read by load_model
     axes = input_symbols(model)
     order = {name: i for i, name in enumerate(axes)}
     same: dict[str, Dim] = {}
@@ -218,6 +172,8 @@ def _import_model(
     ctx.functions = {(f.domain, f.name): f for f in model.functions}
     ctx.domain_opsets = {entry.domain: int(entry.version) for entry in model.opset_import}
     for tensor in graph.initializer:
+        if tensor.name in ctx.env:
+            raise InvalidGraphError(f"initializer '{tensor.name}' is defined twice")
         ctx.env[tensor.name] = initializer_value(tensor)
     initializer_names = {t.name for t in graph.initializer}
     known_inputs = known_inputs or {}
@@ -266,12 +222,8 @@ def _graph_input(
         else:
             name = _dim_name(info, axis)
             shape.append(dims[name] if name in dims else sym(name))
-    count = numel(shape)
-    if isinstance(count, int) and count > MAX_ELEMENTS:
-        raise InvalidGraphError(
-            f"{where}: declares {count} elements, more than the 2^34 knopt allows; "
-            "fix its declared shape"
-        )
+    # Symbolic sizes are at least 1: the static dims alone must fit.
+    check_shape([d if isinstance(d, int) else 1 for d in shape], dtype.numpy.itemsize, where)
     return builder.input(info.name, tuple(shape), dtype)
 
 

@@ -7,14 +7,12 @@ the registry in `context.py` finds at run time.
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
-from onnx import numpy_helper
 
-from knopt.errors import InvalidGraphError, InvalidModelError, UnsupportedModelError
+from knopt.errors import InvalidGraphError, UnsupportedModelError
 from knopt.ir.dtype import DType
-from knopt.ir.validate import MAX_ELEMENTS
 from knopt.onnx.context import Attributes, ImportContext, Known, OnnxValue, find_importer
+from knopt.onnx.data import tensor_array
 from knopt.onnx.fold import fold_node
 from knopt.onnx.order import undefined_input_error
 
@@ -75,32 +73,33 @@ def initializer_value(tensor: onnx.TensorProto) -> Known:
 
     Raises:
         UnsupportedModelError: If its element type is not supported.
-        InvalidGraphError: If it declares more than 2^34 elements.
+        MemoryLimitError: If it declares more elements than the memory budget holds.
         InvalidModelError: If its data does not match its shape.
     """
     where = f"initializer '{tensor.name}'"
     dtype = DType.from_onnx(tensor.data_type, where)
-    count = int(np.prod(tensor.dims, dtype=np.float64))
-    if count > MAX_ELEMENTS:
-        raise InvalidGraphError(
-            f"{where}: declares {count} elements, more than the 2^34 knopt allows; "
-            "fix its declared shape"
-        )
-    try:
-        array = numpy_helper.to_array(tensor)
-    except (ValueError, TypeError) as err:
-        raise InvalidModelError(f"{where}: data does not match its shape ({err})") from err
-    return Known(np.asarray(array, dtype.numpy), dtype)
+    return Known(tensor_array(tensor, where), dtype)
 
 
 def import_nodes(ctx: ImportContext, nodes: list[onnx.NodeProto]) -> None:
-    """Import nodes in order into `ctx`, binding their outputs in `ctx.env`."""
+    """Import nodes in order into `ctx`, binding their outputs in `ctx.env`.
+
+    Raises:
+        InvalidGraphError: If a node reads a value not defined before it, or defines one that
+            is defined already (in its graph or an enclosing one).
+    """
     for index, node in enumerate(nodes):
         ctx.where = f"node '{node.name or f'#{index}'}' ({node.op_type})"
         ctx.builder.current_name = node.name or f"{node.op_type}_{index}"
         for name in node.input:
             if name and name not in ctx.env:
                 raise undefined_input_error(ctx.where, name, nodes, ctx.env)
+        for name in node.output:
+            if name and name in ctx.env:
+                raise InvalidGraphError(
+                    f"{ctx.where}: computes '{name}', which is already defined (by an input, "
+                    "an initializer or another node); ONNX values are assigned once: rename one"
+                )
         outputs = _import_node(ctx, node)
         for name, result in zip(node.output, outputs, strict=False):
             if name and result is not None:
@@ -115,9 +114,10 @@ def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | N
     ctx._attributes = Attributes(node, ctx.where)
     if (domain, node.op_type) in ctx.functions:
         return inline_function(ctx, node, ctx.functions[(domain, node.op_type)])
+    version = ctx.domain_opsets.get(domain, ctx.opset) if domain else ctx.opset
+    _check_schema(ctx, node, domain, version)
     outputs: list[OnnxValue | None] | None = fold_node(ctx, node, domain)  # type: ignore[assignment]
     if outputs is None:
-        version = ctx.domain_opsets.get(domain, ctx.opset) if domain else ctx.opset
         fn = find_importer(domain, node.op_type, version)
         if fn is None:
             name = f"{domain}.{node.op_type}" if domain else node.op_type
@@ -135,3 +135,33 @@ def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | N
             "ignores an attribute; remove it from the model if it has no effect)"
         )
     return outputs
+
+
+def _check_schema(ctx: ImportContext, node: onnx.NodeProto, domain: str, version: int) -> None:
+    """Refuse a node that its ONNX schema does not allow.
+
+    Counts of inputs and outputs, required inputs left empty and required attributes missing
+    are checked, so that importers may read what a schema requires without looking first.
+    """
+    try:
+        schema = onnx.defs.get_schema(node.op_type, min(version, 2**31 - 1), domain)
+    except onnx.defs.SchemaError:
+        return  # not an ONNX op at this version (a contrib op): its importer checks
+    for what, names, low, high in (
+        ("inputs", node.input, schema.min_input, schema.max_input),
+        ("outputs", node.output, schema.min_output, schema.max_output),
+    ):
+        count = len(names)
+        while count and not names[count - 1]:
+            count -= 1  # trailing empty names are absent optional ones
+        if not low <= count <= high:
+            expected = str(low) if low == high else f"{low} to {high}"
+            raise ctx.fail(f"{node.op_type} takes {expected} {what}, got {count}")
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    for index, formal in enumerate(schema.inputs):
+        if formal.option == single and index < len(node.input) and not node.input[index]:
+            raise ctx.fail(f"input {index} ({formal.name}) is required but has no name")
+    present = {a.name for a in node.attribute}
+    missing = sorted(n for n, a in schema.attributes.items() if a.required and n not in present)
+    if missing:
+        raise ctx.fail(f"required attribute(s) {', '.join(missing)} are missing")

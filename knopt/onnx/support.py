@@ -39,21 +39,22 @@ def find_unsupported(model: onnx.ModelProto, opset: int) -> list[UnsupportedNode
     versions[""] = opset
     found: list[UnsupportedNode] = []
     scanned: set[tuple[str, str]] = set()
-
-    def scan(nodes: list[onnx.NodeProto]) -> None:
-        for index, node in enumerate(nodes):
-            domain = "" if node.domain == "ai.onnx" else node.domain
-            key = (domain, node.op_type)
-            if key in functions:
-                if key not in scanned:
-                    scanned.add(key)
-                    scan(list(functions[key].node))
-            elif find_importer(domain, node.op_type, versions.get(domain, opset)) is None:
-                op_type = f"{domain}.{node.op_type}" if domain else node.op_type
-                found.append(UnsupportedNode(node.name or f"#{index}", op_type))
-            for attr in node.attribute:
-                for graph in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                    scan(list(graph.node))
-
-    scan(list(model.graph.node))
+    # Iterative, in graph order: a function's body and a node's subgraphs come right after it.
+    stack: list[tuple[int, onnx.NodeProto]] = list(enumerate(model.graph.node))[::-1]
+    while stack:
+        index, node = stack.pop()
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        key = (domain, node.op_type)
+        inner: list[onnx.NodeProto] = []
+        if key in functions:
+            if key not in scanned:
+                scanned.add(key)
+                inner.extend(functions[key].node)
+        elif find_importer(domain, node.op_type, versions.get(domain, opset)) is None:
+            op_type = f"{domain}.{node.op_type}" if domain else node.op_type
+            found.append(UnsupportedNode(node.name or f"#{index}", op_type))
+        for attr in node.attribute:
+            for graph in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                inner.extend(graph.node)
+        stack.extend(reversed(list(enumerate(inner))))
     return found

@@ -210,16 +210,24 @@ class CostModel:
 
     def bytes(self, cls: int) -> float:
         """Bytes a kernel reads when it loads this class (a broadcast reads its source only)."""
-        if cls not in self._bytes:
-            self._bytes[cls] = self.numel(cls) * self.dtype(cls).itemsize  # guard recursion
-            best = self._bytes[cls]
-            for node in self.data.classes.get(cls, []):
-                if node.op == "Splat":
-                    best = 0.0
-                elif node.op == "Broadcast":
-                    best = min(best, self.bytes(node.args[0].id))
-            self._bytes[cls] = best
+        stack = [(cls, False)]
+        while stack:  # iterative: a chain of broadcasts may be long
+            current, ready = stack.pop()
+            if ready:
+                self._bytes[current] = min(
+                    [self._bytes[current]]
+                    + [self._bytes[n.args[0].id] for n in self._broadcasts(current)]
+                )
+            elif current not in self._bytes:
+                self._bytes[current] = self.numel(current) * self.dtype(current).itemsize
+                if any(n.op == "Splat" for n in self.data.classes.get(current, [])):
+                    self._bytes[current] = 0.0
+                stack.append((current, True))  # a class seen again (a cycle) keeps its numel
+                stack.extend((n.args[0].id, False) for n in self._broadcasts(current))
         return self._bytes[cls]
+
+    def _broadcasts(self, cls: int) -> list[ENode]:
+        return [n for n in self.data.classes.get(cls, []) if n.op == "Broadcast"]
 
     def node_cost(self, cls: int, node: ENode) -> float:
         """Seconds to compute `node` as its own kernel (0 for views, leaves and folds)."""

@@ -170,16 +170,20 @@ class _Rebuilder:
 
 
 def _constant_array(value: Value) -> np.ndarray:
-    """The array of a value that is a constant, possibly seen through views."""
-    op = value.producer.op
-    if isinstance(op, ops.Constant):
-        return op.data.array
-    args = [_constant_array(v) for v in value.producer.inputs]
-    return run_node(value.producer, args)
+    """The array of a value that is a constant, possibly seen through views (iteratively)."""
+    views: list[Node] = []
+    while not isinstance(value.producer.op, ops.Constant):
+        views.append(value.producer)
+        (value,) = value.producer.inputs
+    array = value.producer.op.data.array
+    for view in reversed(views):
+        array = run_node(view, [array])
+    return array
 
 
 def _splat(builder: GraphBuilder, value: float, shape: tuple[Dim, ...], dtype: DType) -> Value:
-    one = builder.constant(np.array(value).astype(dtype.numpy).reshape((1,) * len(shape)))
+    with np.errstate(over="ignore"):  # a float beyond a narrow type is inf, as when computed
+        one = builder.constant(np.array(value).astype(dtype.numpy).reshape((1,) * len(shape)))
     return builder.broadcast(one, shape) if shape != (1,) * len(shape) else one
 
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 from egglog import bindings as eb
 
-from knopt.errors import OptimizeError
+from knopt.errors import InvalidGraphError, OptimizeError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Node, Value
@@ -33,6 +33,9 @@ SENTINEL_BASE = -1000  # symbolic sizes are SENTINEL_BASE - k; real sizes are ne
 # A constant whose elements are all equal is a `Splat` term, a leaf beside the leaf ops.
 SPLAT = "Splat"
 LEAF_TERMS = frozenset({cls.__name__ for cls in ops.LEAF_OPS} | {SPLAT})
+# Inlined terms nest at most this deep; the rest get handles. Deeper than any template the
+# rules match (a LayerNorm spans 9 ops), so rules see the same classes either way.
+MAX_INLINE_DEPTH = 64
 
 # Enum members appear as nullary constructors; enums whose member names clash with an earlier
 # enum's get a prefix (schema.egg says the same).
@@ -77,23 +80,52 @@ def call(name: str, *args: Any) -> Term:
     return Term(name, args)
 
 
+class LiteralRangeError(ValueError):
+    """An integer literal that egglog's i64 cannot hold."""
+
+
 def lit(value: int | float | str | bool) -> Lit:
-    """A literal."""
+    """A literal.
+
+    Raises:
+        LiteralRangeError: If it is an integer outside the 64-bit range.
+    """
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise LiteralRangeError(f"{value} does not fit in 64 bits")
     return Lit(value)
 
 
 def to_egglog(term: Term | Lit) -> Any:
-    """The egglog bindings' expression for a term."""
-    if isinstance(term, Lit):
-        value = term.value
-        if isinstance(value, bool):
-            return eb.Lit(SPAN, eb.Bool(value))
-        if isinstance(value, int):
-            return eb.Lit(SPAN, eb.Int(value))
-        if isinstance(value, float):
-            return eb.Lit(SPAN, eb.Float(value))
-        return eb.Lit(SPAN, eb.String(value))
-    return eb.Call(SPAN, term.name, [to_egglog(a) for a in term.args])
+    """The egglog bindings' expression for a term.
+
+    Iterative, so a deep term costs no Python recursion (graph_commands bounds the depth of
+    the terms it writes, for egglog's own sake, but other callers may not).
+    """
+    done: dict[int, Any] = {}  # id(term) -> expression; the terms outlive this call
+    stack: list[tuple[Term | Lit, bool]] = [(term, False)]
+    while stack:
+        current, ready = stack.pop()
+        if id(current) in done:
+            continue
+        if isinstance(current, Lit):
+            done[id(current)] = _literal(current.value)
+        elif ready:
+            args = [done[id(a)] for a in current.args]
+            done[id(current)] = eb.Call(SPAN, current.name, args)
+        else:
+            stack.append((current, True))
+            stack.extend((a, False) for a in current.args)
+    return done[id(term)]
+
+
+def _literal(value: int | float | str | bool) -> Any:
+    if isinstance(value, bool):
+        return eb.Lit(SPAN, eb.Bool(value))
+    if isinstance(value, int):
+        return eb.Lit(SPAN, eb.Int(value))
+    if isinstance(value, float):
+        return eb.Lit(SPAN, eb.Float(value))
+    return eb.Lit(SPAN, eb.String(value))
 
 
 @dataclass
@@ -383,25 +415,37 @@ def graph_commands(graph: Graph, tables: TermTables) -> LoadedGraph:
 
     A value read by one node only is written inline in its reader's term; every other value
     gets a handle, `(union (V i) term)`, so that shared values are shared classes. (Each
-    top-level command costs egglog a fraction of a millisecond, so fewer is faster.)
+    top-level command costs egglog a fraction of a millisecond, so fewer is faster.) A term
+    that would nest deeper than `MAX_INLINE_DEPTH` gets a handle too, so that no term is as
+    deep as a long chain of single-use ops (egglog and the bindings recurse on terms).
+
+    Raises:
+        InvalidGraphError: If an attribute or size of a node does not fit in 64 bits.
     """
     encoder = _Encoder(tables)
-    outputs = {v for v in graph.outputs}
+    outputs = set(graph.outputs)
     exprs: dict[Value, Any] = {}
+    depths: dict[Value, int] = {}
     terms = []
     commands = []
     for index, node in enumerate(graph.nodes):
         value = node.output
         encode = _encoder_of(node)
-        term = encode(encoder, node.op, node, [exprs[v] for v in node.inputs])
+        try:
+            term = encode(encoder, node.op, node, [exprs[v] for v in node.inputs])
+        except LiteralRangeError as err:
+            raise InvalidGraphError(f"{node.describe()}: an attribute or size {err}") from err
         terms.append(term)
-        if len(value.users()) == 1 and value not in outputs:
+        depth = 1 + max((depths[v] for v in node.inputs), default=0)
+        if len(value.users()) == 1 and value not in outputs and depth < MAX_INLINE_DEPTH:
             exprs[value] = term
+            depths[value] = depth
         else:
             handle = call("V", lit(index))
             union = eb.Union(SPAN, to_egglog(handle), to_egglog(term))
             commands.append(eb.ActionCommand(union))
             exprs[value] = handle
+            depths[value] = 0
     return LoadedGraph(commands, terms)
 
 

@@ -8,6 +8,9 @@
 - `compare_outputs(actual, expected)`: dtype-aware comparison with magnitude-scaled tolerances.
 - `check_rules(...)` (in `knopt.testing.rulecheck`): instantiate every rule's left side and
   compare both sides on the CPU executor.
+- `make_mutant(...)` (in `knopt.testing.mutation`) and `run_campaign(...)` (in
+  `knopt.testing.trial`): mutants of ONNX models, each loaded, run and optimized in a worker
+  process with a timeout and a memory cap, to find what is not a knopt error.
 """
 
 from knopt.testing.arrays import random_array, random_inputs

@@ -18,6 +18,7 @@ from knopt.errors import (
     InvalidGraphError,
     InvalidModelError,
     KnoptError,
+    MemoryLimitError,
     UnsupportedModelError,
 )
 from knopt.ir import DType, GraphBuilder, sym
@@ -181,17 +182,21 @@ def test_unsupported_element_type_names_the_input(workdir: Path) -> None:
 # ---- sizes beyond the limit ----------------------------------------------------------------
 
 
-def test_input_declaring_more_than_2_to_34_elements_is_refused(workdir: Path) -> None:
+def test_input_declaring_more_than_the_memory_limit_is_refused(workdir: Path) -> None:
     nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu")]
-    model = _model(nodes, [_info("x", [2**20, 2**15])], [_info("y", None)])
-    _load_fails(workdir, model, InvalidGraphError, "graph input 'x'", "2^34", "shape")
+    model = _model(nodes, [_info("x", [2**20, 2**20])], [_info("y", None)])
+    _load_fails(
+        workdir, model, MemoryLimitError, "graph input 'x'", "4.0 TiB", "KNOPT_MEMORY_LIMIT"
+    )
 
 
-def test_initializer_declaring_more_than_2_to_34_elements_is_refused(workdir: Path) -> None:
-    huge = TensorProto(name="w", data_type=F, dims=[2**20, 2**15])  # no data: never allocated
+def test_initializer_declaring_more_than_the_memory_limit_is_refused(workdir: Path) -> None:
+    huge = TensorProto(name="w", data_type=F, dims=[2**20, 2**20])  # no data: never allocated
     nodes = [helper.make_node("Add", ["x", "w"], ["y"], name="add")]
     model = _model(nodes, [_info("x", [1])], [_info("y", None)], [huge])
-    _load_fails(workdir, model, InvalidGraphError, "initializer 'w'", "2^34", "shape")
+    _load_fails(
+        workdir, model, MemoryLimitError, "initializer 'w'", "4.0 TiB", "KNOPT_MEMORY_LIMIT"
+    )
 
 
 def test_initializer_whose_data_does_not_fit_its_shape_is_refused(workdir: Path) -> None:

@@ -123,7 +123,7 @@ def test_cli_reports_a_malformed_rule_file_and_fails(tmp_path: Path) -> None:
     stderr = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
         status = main(["optimize", str(model), "--rules", str(rules)])
-    assert status == 2
+    assert status == 1
     assert "broken_rules.egg" in stderr.getvalue()
 
 

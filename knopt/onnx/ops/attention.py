@@ -72,7 +72,7 @@ def split_heads(ctx: ImportContext, x: Value, heads: int | None) -> Value:
     if heads is None:
         raise ctx.fail("3-D Attention inputs need q_num_heads and kv_num_heads")
     b = ctx.builder
-    batch, seq, hidden = x.shape
+    batch, seq, hidden = ctx.shape_of(x, 3, "a 3-D Attention input")
     split = b.view(x, (batch, seq, heads, exact_div(hidden, heads)))
     return b.permute(split, (0, 2, 1, 3))
 
@@ -178,7 +178,7 @@ def repeat_heads(ctx: ImportContext, x: Value, heads: int) -> Value:
     if have == heads or not isinstance(have, int) or heads % have:
         return x
     b = ctx.builder
-    batch, _, seq, size = x.shape
+    batch, _, seq, size = ctx.shape_of(x, 4, "a key or value input")
     grouped = b.view(x, (batch, have, 1, seq, size))
     spread = b.broadcast(grouped, (batch, have, heads // have, seq, size))
     return b.view(spread, (batch, heads, seq, size))

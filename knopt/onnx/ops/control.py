@@ -61,6 +61,8 @@ def _known_scalar(
         return None
     if not isinstance(value, Known) or value.is_symbolic:
         raise ctx.needs_known(name, what)
+    if value.array.size != 1:
+        raise ctx.fail(f"{what} must hold one value, not {value.array.size}")
     return value.concrete().reshape(-1)[0].item()
 
 
@@ -83,10 +85,13 @@ def _if(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         raise ctx.fail("If needs then_branch and else_branch")
     condition = ctx.lookup(node.input[0])
     if isinstance(condition, Known) and not condition.is_symbolic:
-        taken = then_graph if bool(condition.concrete().reshape(-1)[0]) else else_graph
+        known = _known_scalar(ctx, condition, node.input[0], "the If condition")
+        taken = then_graph if known else else_graph
         return import_subgraph(ctx, taken, [])
     yes = import_subgraph(ctx, then_graph, [])
     no = import_subgraph(ctx, else_graph, [])
+    if len(yes) != len(no) or len(yes) != len(node.output):
+        raise ctx.fail(f"If branches give {len(yes)} and {len(no)} outputs for {len(node.output)}")
     b = ctx.builder
     flag = b.view(ctx.value(node.input[0]), ())
     merged: list[OnnxValue] = []
@@ -111,6 +116,11 @@ def _loop(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     go = _known_scalar(ctx, ctx.lookup(names[1]) if names[1] else None, names[1], "condition")
     carried: list[OnnxValue] = [ctx.lookup(n) for n in node.input[2:]]
     count = len(carried)
+    if len(body.input) != 2 + count or len(body.output) < 1 + count:
+        raise ctx.fail(
+            f"Loop body takes {len(body.input)} inputs and gives {len(body.output)} outputs "
+            f"for {count} carried values"
+        )
     scans: list[list[OnnxValue]] = [[] for _ in range(len(body.output) - 1 - count)]
     iteration = 0
     while (trips is None or iteration < int(trips)) and (go is None or bool(go)):
@@ -158,6 +168,13 @@ def _scan(
     output_count = len(body.output) - len(states)
     output_axes = attrs.ints("scan_output_axes", [0] * output_count)
     output_backward = attrs.ints("scan_output_directions", [0] * output_count)
+    if (
+        output_count < 0
+        or len(body.input) != len(states) + len(inputs)
+        or not len(input_axes) == len(input_backward) == len(inputs)
+        or not len(output_axes) == len(output_backward) == output_count
+    ):
+        raise ctx.fail("Scan's body, axes and directions do not fit its inputs and outputs")
     axes = [axis_of(ctx, a, x.rank) for a, x in zip(input_axes, inputs, strict=True)]
     lengths = {x.shape[a] for a, x in zip(axes, inputs, strict=True)}
     if len(lengths) != 1 or not isinstance(length := lengths.pop(), int):

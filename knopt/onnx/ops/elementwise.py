@@ -336,12 +336,12 @@ def _clip(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         hi = attrs.float("max", float(np.finfo(np.float32).max))
         return [ctx.builder.clamp(x, lo=lo, hi=hi)]
     x, lo_value, hi_value = ctx.inputs(node, count=(1, 3))
-    lo_known = ctx.known_input(node, 1, "min") if _is_known(ctx, node, 1) else None
-    hi_known = ctx.known_input(node, 2, "max") if _is_known(ctx, node, 2) else None
+    lo_known = ctx.known_number(node, 1, "min") if _is_known(ctx, node, 1) else None
+    hi_known = ctx.known_number(node, 2, "max") if _is_known(ctx, node, 2) else None
     b = ctx.builder
     if (lo_value is None or lo_known is not None) and (hi_value is None or hi_known is not None):
-        lo = float(lo_known.item()) if lo_known is not None else -np.inf
-        hi = float(hi_known.item()) if hi_known is not None else np.inf
+        lo = lo_known if lo_known is not None else -np.inf
+        hi = hi_known if hi_known is not None else np.inf
         return [b.clamp(x, lo=lo, hi=hi)]
     result = x
     if lo_value is not None:

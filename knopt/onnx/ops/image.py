@@ -54,7 +54,7 @@ def _col2im(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     dilations = attrs.ints("dilations", [1] * k)
     pads = attrs.ints("pads", [0] * (2 * k))
     positions, padded = col2im_positions(image, block, strides, pads, dilations)
-    n, columns, length = x.shape
+    n, columns, length = ctx.shape_of(x, 3, "Col2Im's input")
     per_block = int(np.prod(block))
     columns = static_dim(ctx, columns, "Col2Im")
     if columns % per_block or positions.size != per_block * static_dim(ctx, length, "Col2Im"):
@@ -78,6 +78,8 @@ def _center_crop_pad(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue
     axes = [a % x.rank for a in axes]
     axes_of(ctx, axes, x.rank)  # rejects repeated axes
     sizes = _ints(ctx, node, 1, "shape")
+    if len(sizes) != len(axes):
+        raise ctx.fail(f"shape {sizes} needs one size per axis of {axes}")
     widths = [(0, 0)] * x.rank
     for axis, size in zip(axes, sizes, strict=True):
         dim = x.shape[axis]

@@ -98,7 +98,11 @@ def _nd_positions(ctx: ImportContext, data: Value, indices: Value, batch_dims: i
     (the index grids TorchScript exports for slice assignments) work.
     """
     b = ctx.builder
+    if indices.rank < 1 or not 0 <= batch_dims < min(data.rank, indices.rank):
+        raise ctx.fail(f"batch_dims {batch_dims} does not fit data {data} and indices {indices}")
     k = static_dim(ctx, indices.shape[-1], "GatherND/ScatterND index depth")
+    if batch_dims + k > data.rank:
+        raise ctx.fail(f"indices address {k} axes after {batch_dims}, but data is {data}")
     outer = indices.shape[:-1]
     addressed = data.shape[batch_dims : batch_dims + k]
     position = b.scalar(0, DType.I64, outer)

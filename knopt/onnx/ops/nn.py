@@ -156,6 +156,7 @@ def _dilate(ctx: ImportContext, x: Value, strides: list[int]) -> Value:
     spatial = x.rank - 2
     if all(s == 1 for s in strides):
         return x
+    ctx.require_rank(x, 3, "the input of a transposed convolution")
     n, c = x.shape[:2]
     sizes = x.shape[2:]
     grid = b.view(x, (n, c, *(d for size in sizes for d in (size, 1))))
@@ -313,6 +314,7 @@ def _instance_norm(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x, scale, bias = ctx.inputs(node, count=3)
     eps = ctx.attributes(node).float("epsilon", 1e-5)
     b = ctx.builder
+    ctx.require_rank(x, 3, "InstanceNormalization's input")
     n, c = x.shape[:2]
     flat = b.view(x, (n, c, numel(x.shape[2:])))
     normed = b.view(b.layer_norm(flat, axis=2, eps=eps), x.shape)
@@ -357,6 +359,7 @@ def _group_norm(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     eps = attrs.float("epsilon", 1e-5)
     attrs.skip("stash_type")
     b = ctx.builder
+    ctx.require_rank(x, 2, "GroupNormalization's input")
     n, c = x.shape[:2]
     flat = b.view(x, (n, groups, numel(x.shape[1:]) // groups))
     normed = b.view(b.layer_norm(flat, axis=2, eps=eps), x.shape)

@@ -110,12 +110,7 @@ def _top_k(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x = ctx.value(node.input[0])
     attrs = ctx.attributes(node)
     axis = axis_of(ctx, attrs.int("axis", -1), x.rank)
-    if ctx.opset < 10:
-        k = attrs.int("k")
-    else:
-        known = ctx.known_input(node, 1, "K")
-        assert known is not None
-        k = int(known.reshape(-1)[0])
+    k = attrs.int("k") if ctx.opset < 10 else ctx.known_int(node, 1, "K")
     largest = bool(attrs.int("largest", 1))
     attrs.skip("sorted")  # results are always sorted, which is allowed either way
     b = ctx.builder
@@ -128,9 +123,7 @@ def _top_k(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _cumsum(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x = ctx.value(node.input[0])
     attrs = ctx.attributes(node)
-    known = ctx.known_input(node, 1, "axis")
-    assert known is not None
-    axis = axis_of(ctx, int(known.reshape(-1)[0]), x.rank)
+    axis = axis_of(ctx, ctx.known_int(node, 1, "axis"), x.rank)
     exclusive, reverse = bool(attrs.int("exclusive", 0)), bool(attrs.int("reverse", 0))
     return [ctx.builder.cumsum(x, axis=axis, exclusive=exclusive, reverse=reverse)]
 
@@ -139,9 +132,7 @@ def _cumsum(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _cumprod(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x = ctx.value(node.input[0])
     attrs = ctx.attributes(node)
-    known = ctx.known_input(node, 1, "axis")
-    assert known is not None
-    axis = axis_of(ctx, int(known.reshape(-1)[0]), x.rank)
+    axis = axis_of(ctx, ctx.known_int(node, 1, "axis"), x.rank)
     exclusive, reverse = bool(attrs.int("exclusive", 0)), bool(attrs.int("reverse", 0))
     size = x.shape[axis]
     if not isinstance(size, int):

@@ -230,6 +230,9 @@ class Target:
     order: tuple[int, ...]  # the resized axes, in the order they are interpolated
 
 
+MAX_RESIZED_LENGTH = 2**20  # a table entry costs a few microseconds of Python: 1 M is seconds
+
+
 def resize(ctx: ImportContext, x: Value, interp: Interpolation, target: Target) -> Value:
     """`x` resized to `target` by separable interpolation."""
     plans: list[tuple[int, AxisTaps]] = []
@@ -241,6 +244,11 @@ def resize(ctx: ImportContext, x: Value, interp: Interpolation, target: Target) 
         if not isinstance(in_size, int) or not isinstance(out_size, int):
             raise ctx.fail_symbolic(
                 f"resizing axis {axis} of symbolic size {in_size} is not supported"
+            )
+        if out_size > MAX_RESIZED_LENGTH:
+            raise ctx.fail(
+                f"resizing axis {axis} to {out_size} positions is not supported (at most "
+                f"{MAX_RESIZED_LENGTH}: knopt computes the interpolation tables while loading)"
             )
         plans.append((axis, axis_taps(interp, in_size, out_size, scale, roi)))
     exact = all(is_one_hot(taps) for _, taps in plans)

@@ -91,17 +91,17 @@ def _dft(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     attrs = ctx.attributes(node)
     inverse, onesided = bool(attrs.int("inverse", 0)), bool(attrs.int("onesided", 0))
     if ctx.opset >= 20:
-        known_axis = ctx.known_input(node, 2, "axis")
-        axis = -2 if known_axis is None else int(known_axis.reshape(-1)[0])
+        known_axis = ctx.optional_int(node, 2, "axis")
+        axis = -2 if known_axis is None else known_axis
     else:
         axis = attrs.int("axis", 1)
     axis = axis_of(ctx, axis, x.rank)
     if axis == x.rank - 1:
         raise ctx.fail("the DFT axis cannot be the last (real/imaginary) axis")
-    known_length = ctx.known_input(node, 1, "dft_length")
+    known_length = ctx.optional_int(node, 1, "dft_length")
     size = x.shape[axis]
     if known_length is not None:
-        length = int(known_length.reshape(-1)[0])
+        length = known_length
     elif not isinstance(size, int):
         raise ctx.fail_symbolic("a DFT over a symbolic length needs dft_length")
     else:
@@ -113,12 +113,10 @@ def _dft(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _stft(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x, _, window, _ = ctx.inputs(node, count=(2, 4))
     onesided = bool(ctx.attributes(node).int("onesided", 1))
-    step = ctx.known_input(node, 1, "frame_step")
-    known_length = ctx.known_input(node, 3, "frame_length")
-    assert step is not None
-    hop = int(step.reshape(-1)[0])
+    hop = ctx.known_int(node, 1, "frame_step")
+    known_length = ctx.optional_int(node, 3, "frame_length")
     if known_length is not None:
-        frame = int(known_length.reshape(-1)[0])
+        frame = known_length
     elif window is not None:
         frame = static_dim(ctx, window.shape[0], "the STFT window")
     else:
@@ -138,9 +136,7 @@ def _stft(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _window_size(ctx: ImportContext, node: onnx.NodeProto) -> tuple[np.ndarray, float, DType]:
     """The sample positions, the period and the output dtype of a window op."""
     attrs = ctx.attributes(node)
-    size = ctx.known_input(node, 0, "size")
-    assert size is not None
-    n = int(size.reshape(-1)[0])
+    n = ctx.known_int(node, 0, "size")
     dtype = DType.from_onnx(attrs.int("output_datatype", 1), ctx.where)
     periodic = bool(attrs.int("periodic", 1))
     positions = np.arange(n, dtype=dtype.numpy if dtype.is_float else np.float32)
@@ -196,14 +192,11 @@ def mel_weights(bins: int, dft_length: int, rate: int, low: float, high: float) 
 @importer("MelWeightMatrix", since=17)
 def _mel_weight_matrix(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     dtype = DType.from_onnx(ctx.attributes(node).int("output_datatype", 1), ctx.where)
-    values = [
-        ctx.known_input(node, i, name)
-        for i, name in enumerate(
-            ("num_mel_bins", "dft_length", "sample_rate", "lower_edge_hertz", "upper_edge_hertz")
-        )
-    ]
-    if any(v is None for v in values):
-        raise ctx.fail("MelWeightMatrix needs all five inputs")
-    bins, length, rate, low, high = (v.reshape(-1)[0].item() for v in values)  # type: ignore[union-attr]
-    weights = mel_weights(int(bins), int(length), int(rate), float(low), float(high))
+    bins, length, rate = (
+        ctx.known_int(node, i, name)
+        for i, name in enumerate(("num_mel_bins", "dft_length", "sample_rate"))
+    )
+    low = ctx.known_number(node, 3, "lower_edge_hertz")
+    high = ctx.known_number(node, 4, "upper_edge_hertz")
+    weights = mel_weights(bins, length, rate, low, high)
     return [Known(weights.astype(dtype.numpy), dtype)]

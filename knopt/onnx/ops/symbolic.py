@@ -6,6 +6,7 @@ undecidable makes the folder give up; the node is then imported as runtime work.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -14,9 +15,11 @@ import numpy as np
 import onnx
 
 from knopt.ir.dtype import DType
-from knopt.ir.shape import Sym, exact_div
+from knopt.ir.memory import check_shape
+from knopt.ir.shape import Dim, Sym, exact_div
 from knopt.onnx.context import ImportContext, Known, folder
 from knopt.onnx.ops.common import axes_of, axis_of
+from knopt.onnx.ops.tensor import reshape_target
 
 
 class _Undecidable(Exception):
@@ -97,6 +100,7 @@ def _elementwise_folder(name: str) -> None:
         values = [a for a in args if a is not None]
         if not all(v.dtype.is_int for v in values):
             return None
+        _broadcast(ctx, *(v.array.shape for v in values))
         try:
             result = values[0].array.astype(object)
             for other in values[1:]:
@@ -147,8 +151,11 @@ def _gather(
     axis = axis_of(ctx, ctx.attributes(node).int("axis", 0), data.array.ndim)
     if indices.is_symbolic:
         return None
+    size = data.array.shape[axis]
     idx = indices.concrete().astype(np.int64)
-    idx = np.where(idx < 0, idx + data.array.shape[axis], idx)
+    if idx.size and (idx.min() < -size or idx.max() >= size):
+        raise ctx.fail(f"indices {idx.reshape(-1).tolist()} are out of range for size {size}")
+    idx = np.where(idx < 0, idx + size, idx)
     return [_result(np.take(_objects(data), idx, axis=axis), data.dtype)]
 
 
@@ -157,7 +164,12 @@ def _concat(
     ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
 ) -> list[Known] | None:
     values = [a for a in args if a is not None]
+    ranks = {v.array.ndim for v in values}
+    if len(ranks) != 1 or 0 in ranks:
+        return None  # the importer names the shapes that do not fit
     axis = axis_of(ctx, ctx.attributes(node).int("axis"), values[0].array.ndim)
+    if len({v.array.shape[:axis] + v.array.shape[axis + 1 :] for v in values}) != 1:
+        return None
     joined = np.concatenate([_objects(v) for v in values], axis=axis)
     return [_result(joined, values[0].dtype)]
 
@@ -166,6 +178,8 @@ def _concat(
 def _unsqueeze(
     ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
 ) -> list[Known] | None:
+    if _symbolic_parameters(args):
+        return None
     x = args[0]
     assert x is not None
     axes = _axes(ctx, node, args)
@@ -183,6 +197,8 @@ def _unsqueeze(
 def _squeeze(
     ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
 ) -> list[Known] | None:
+    if _symbolic_parameters(args):
+        return None
     x = args[0]
     assert x is not None
     axes = _axes(ctx, node, args)
@@ -192,7 +208,14 @@ def _squeeze(
         if axes is None
         else axes_of(ctx, axes, len(shape))
     )
+    if any(shape[i] != 1 for i in drop):
+        return None  # the importer names the axis that is not of size 1
     return [Known(x.array.reshape([d for i, d in enumerate(shape) if i not in drop]), x.dtype)]
+
+
+def _symbolic_parameters(args: list[Known | None]) -> bool:
+    """Whether an input after the data (axes, say) holds symbolic sizes: the importer decides."""
+    return any(a is not None and a.is_symbolic for a in args[1:])
 
 
 def _axes(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[int] | None:
@@ -225,6 +248,8 @@ def _slice(
         if len(args) > 4 and args[4] is not None
         else [1] * len(starts)
     )
+    if not len(starts) == len(ends) == len(axes) == len(steps) or 0 in list(steps):
+        return None  # the importer names what is wrong
     index = [slice(None)] * array.ndim
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         index[axis_of(ctx, int(axis), array.ndim)] = slice(int(start), int(end), int(step))
@@ -240,10 +265,12 @@ def _reshape(
     assert x is not None and shape is not None
     if shape.is_symbolic:
         return None
-    requested = [int(d) for d in shape.concrete().reshape(-1)]
-    if not allow_zero:
-        requested = [x.array.shape[i] if d == 0 else d for i, d in enumerate(requested)]
-    return [Known(x.array.reshape(requested), x.dtype)]
+    requested: list[Dim] = [int(d) for d in shape.concrete().reshape(-1)]
+    target = reshape_target(ctx, x.array.shape, requested, bool(allow_zero))
+    sizes = [d for d in target if isinstance(d, int) and d >= 0]
+    if len(sizes) != len(target) or math.prod(sizes) != x.array.size:
+        return None  # the importer names what does not fit
+    return [Known(x.array.reshape(sizes), x.dtype)]
 
 
 @folder("ReduceProd")
@@ -254,11 +281,13 @@ def _reduce_prod(
     keepdims = bool(attrs.int("keepdims", 1))
     x = args[0]
     assert x is not None
+    if _symbolic_parameters(args):
+        return None
     if ctx.opset < 18:
         axes = attrs.ints("axes") if attrs.has("axes") else None
     else:
         attrs.int("noop_with_empty_axes", 0)
-        axes = None if len(args) < 2 or args[1] is None else args[1].concrete().tolist()
+        axes = None if len(args) < 2 or args[1] is None else args[1].concrete().reshape(-1).tolist()
     axis = None if not axes else tuple(axes_of(ctx, axes, x.array.ndim))
     product = np.multiply.reduce(_objects(x), axis=axis, keepdims=keepdims, initial=1)  # type: ignore[call-overload]
     return [_result(np.asarray(product), x.dtype)]
@@ -273,6 +302,7 @@ def _where(
     assert condition is not None and x is not None and y is not None
     if condition.is_symbolic:
         return None
+    _broadcast(ctx, condition.array.shape, x.array.shape, y.array.shape)
     chosen = np.where(condition.concrete().astype(bool), _objects(x), _objects(y))
     return [_result(chosen, x.dtype)]
 
@@ -286,5 +316,15 @@ def _expand(
     assert x is not None and shape is not None
     if shape.is_symbolic:
         return None
-    target = np.broadcast_shapes(x.array.shape, tuple(int(d) for d in shape.concrete()))
+    target = _broadcast(ctx, x.array.shape, tuple(int(d) for d in shape.concrete()))
     return [_result(np.broadcast_to(_objects(x), target).copy(), x.dtype)]
+
+
+def _broadcast(ctx: ImportContext, *shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """The broadcast of known shapes, checked against the memory budget (objects: 8 bytes)."""
+    try:
+        target = np.broadcast_shapes(*shapes)
+    except ValueError as err:
+        raise ctx.fail(f"shapes {[list(s) for s in shapes]} do not broadcast") from err
+    check_shape(target, 8, ctx.where)
+    return target

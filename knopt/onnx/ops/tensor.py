@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
+from knopt.ir.memory import check_shape
 from knopt.ir.op import Binary, PadMode
 from knopt.ir.shape import Dim, Sym, broadcast_shapes, exact_div, numel
 from knopt.onnx.context import ImportContext, Known, OnnxValue, importer
+from knopt.onnx.data import tensor_array
 from knopt.onnx.ops.common import axes_of, axis_of
 
 INT64_MAX = 2**63 - 1
+# Larger steps and cuts of a symbolic axis would overflow the optimizer's 64-bit size arithmetic.
+MAX_SYMBOLIC_STEP = 2**32
 
 
 @importer("Constant")
@@ -23,7 +28,7 @@ def _constant(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     proto = attrs.tensor_proto("value")
     if proto is not None:
         dtype = DType.from_onnx(proto.data_type, ctx.where)
-        return [Known(np.asarray(numpy_helper.to_array(proto), dtype.numpy), dtype)]
+        return [Known(tensor_array(proto, f"{ctx.where}: attribute 'value'"), dtype)]
     for name, dtype, kind in (
         ("value_float", DType.F32, "float"),
         ("value_floats", DType.F32, "floats"),
@@ -43,6 +48,8 @@ def _constant(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _constant_of_shape(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     shape = _shape_input(ctx, node, 0, "shape")
     value = ctx.attributes(node).tensor("value")
+    if value is not None and value.size != 1:
+        raise ctx.fail(f"value must hold one element, not {value.size}")
     fill = np.zeros((), np.float32) if value is None else value.reshape(())
     dtype = DType.from_numpy(fill.dtype)
     # One element broadcast, not a full array: models create large splat weights this way.
@@ -213,6 +220,8 @@ def _transpose(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _concat(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     values = [v for v in ctx.inputs(node, count=(1, None)) if v is not None]
     axis = ctx.attributes(node).int("axis")
+    if any(v.rank == 0 for v in values):
+        raise ctx.fail("Concat joins tensors of rank 1 or more, not scalars")
     values = [v for v in values if v.shape[axis_of(ctx, axis, v.rank)] != 0] or values[:1]
     return [ctx.builder.concat(values, axis=axis_of(ctx, axis, values[0].rank))]
 
@@ -258,9 +267,19 @@ def _slice(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         starts = _signed_shape_input(ctx, node, 1, "starts")
         ends = _signed_shape_input(ctx, node, 2, "ends")
         known_axes = ctx.known_input(node, 3, "axes")
-        axes = list(range(len(starts))) if known_axes is None else [int(a) for a in known_axes]
+        axes = (
+            list(range(len(starts)))
+            if known_axes is None
+            else [int(a) for a in known_axes.reshape(-1)]
+        )
         known_steps = ctx.known_input(node, 4, "steps")
-        steps = [1] * len(starts) if known_steps is None else [int(s) for s in known_steps]
+        steps = (
+            [1] * len(starts) if known_steps is None else [int(s) for s in known_steps.reshape(-1)]
+        )
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ctx.fail(
+            f"starts {starts}, ends {ends}, axes {axes} and steps {steps} differ in length"
+        )
     result = x
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         result = slice_axis(ctx, result, axis_of(ctx, axis, x.rank), start, end, step)
@@ -271,6 +290,8 @@ def _clamp_index(index: Dim, dim: Dim, low: int, high_offset: int) -> Dim:
     """ONNX Slice index normalization: negatives count from the end, then clamp."""
     if isinstance(index, int):
         if index < 0:
+            if not isinstance(dim, int) and index <= -(INT64_MAX // 2):
+                return low  # beyond any size a symbolic one can take (sizes fit in memory)
             index = index + dim
             if isinstance(index, int):
                 return max(index, low)
@@ -286,6 +307,12 @@ def slice_axis(ctx: ImportContext, x: Value, axis: int, start: Dim, end: Dim, st
     if step == 0:
         raise ctx.fail("Slice step 0 is invalid")
     dim = x.shape[axis]
+    if isinstance(dim, int):
+        # A step of at least the dimension takes one element at most, whatever its size: a
+        # step of -2^63 would not fit in 64 bits once negated.
+        step = max(min(step, max(dim, 1)), -max(dim, 1))
+    elif abs(step) > MAX_SYMBOLIC_STEP:
+        raise ctx.fail(f"Slice step {step} on a symbolic dimension is too large")
     builder = ctx.builder
     if step > 0:
         lo = _clamp_index(start, dim, 0, 0)
@@ -299,7 +326,8 @@ def slice_axis(ctx: ImportContext, x: Value, axis: int, start: Dim, end: Dim, st
         )
     lo = _clamp_index(start, dim, 0, -1)
     hi = _clamp_index(end, dim, -1, -1)
-    assert isinstance(lo, int) and isinstance(hi, int)
+    if not isinstance(lo, int) or not isinstance(hi, int):
+        raise ctx.fail_symbolic("Slice with a negative step needs static starts and ends")
     # Reverse the axis: index i becomes dim - 1 - i and the step becomes positive.
     first, stop = dim - 1 - lo, dim - 1 - hi
     if stop < first:
@@ -368,7 +396,9 @@ def _pad(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         value = 0.0 if constant is None or constant.size == 0 else float(constant.reshape(-1)[0])
         known_axes = ctx.known_input(node, 3, "axes")
         axes = (
-            list(range(x.rank)) if known_axes is None else axes_of(ctx, known_axes.tolist(), x.rank)
+            list(range(x.rank))
+            if known_axes is None
+            else axes_of(ctx, known_axes.reshape(-1).tolist(), x.rank)
         )
     if len(pads) != 2 * len(axes):
         raise ctx.fail(f"pads {pads} need two entries per padded axis")
@@ -386,7 +416,12 @@ def pad_signed(
     for axis, (before, after) in enumerate(widths):
         if before < 0 or after < 0:
             dim = x.shape[axis]
-            x = builder.slice(x, axis=axis, start=max(-before, 0), stop=dim - max(-after, 0))
+            cut_before, cut_after = max(-before, 0), max(-after, 0)
+            if isinstance(dim, int) and cut_before + cut_after > dim:
+                raise ctx.fail(f"pads {before}, {after} cut more than axis {axis} has ({dim})")
+            if not isinstance(dim, int) and max(cut_before, cut_after) > MAX_SYMBOLIC_STEP:
+                raise ctx.fail(f"pads {before}, {after} cut too much of a symbolic axis {axis}")
+            x = builder.slice(x, axis=axis, start=cut_before, stop=dim - cut_after)
     positive = tuple((max(b, 0), max(a, 0)) for b, a in widths)
     return builder.pad(x, pads=positive, mode=mode, value=value)
 
@@ -398,10 +433,17 @@ def _range(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     limit = ctx.symbolic_input(node, 1, "limit")
     delta = ctx.symbolic_input(node, 2, "delta")
     assert start is not None and limit is not None and delta is not None
+    if any(k.array.size != 1 for k in (start, limit, delta)):
+        raise ctx.fail("Range takes one value each for start, limit and delta")
     s, lim, d = (k.array.reshape(()).item() for k in (start, limit, delta))
     dtype = start.dtype
     if not any(isinstance(v, Sym) for v in (s, lim, d)):
-        count = max(int(np.ceil((lim - s) / d)), 0)
+        if d == 0:
+            raise ctx.fail("Range with delta 0 never reaches its limit")
+        if not all(np.isfinite(v) for v in (s, lim, d)):
+            raise ctx.fail(f"Range from {s} to {lim} by {d} is not finite")
+        count = max(math.ceil((lim - s) / d), 0)
+        check_shape([count], dtype.numpy.itemsize, ctx.where)
         values = (s + np.arange(count) * d).astype(dtype.numpy)
         return [Known(values, dtype)]
     if d != 1 or isinstance(s, Sym):
@@ -415,8 +457,9 @@ def _range(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _trilu(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     x = ctx.value(node.input[0])
     upper = ctx.attributes(node).int("upper", 1)
-    known_k = ctx.known_input(node, 1, "k")
-    k = 0 if known_k is None else int(known_k.reshape(()))
+    known_k = ctx.optional_int(node, 1, "k")
+    k = 0 if known_k is None else known_k
+    ctx.require_rank(x, 2, "Trilu's input")
     rows, cols = x.shape[-2:]
     builder = ctx.builder
     zero = builder.constant(np.zeros((), x.dtype.numpy))
@@ -437,9 +480,7 @@ def _trilu(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _one_hot(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     indices, _, values = ctx.inputs(node, count=3)
     axis = ctx.attributes(node).int("axis", -1)
-    depth_known = ctx.known_input(node, 1, "depth")
-    assert depth_known is not None
-    depth = int(depth_known.reshape(-1)[0])
+    depth = ctx.known_int(node, 1, "depth")
     builder = ctx.builder
     rank = indices.rank + 1
     axis = axis_of(ctx, axis, rank)
@@ -465,7 +506,7 @@ def _depth_to_space(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]
     attrs = ctx.attributes(node)
     block = attrs.int("blocksize")
     mode = attrs.string("mode", "DCR")
-    n, c, h, w = x.shape
+    n, c, h, w = ctx.shape_of(x, 4, "DepthToSpace's input")
     depth = exact_div(c, block * block)
     builder = ctx.builder
     if mode == "DCR":
@@ -487,7 +528,7 @@ def _space_to_depth(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]
     mode = attrs.string("mode", "DCR") if ctx.opset >= 28 else "DCR"
     if mode not in ("DCR", "CRD"):
         raise ctx.fail(f"SpaceToDepth mode '{mode}' is not DCR or CRD")
-    n, c, h, w = x.shape
+    n, c, h, w = ctx.shape_of(x, 4, "SpaceToDepth's input")
     builder = ctx.builder
     t = builder.view(x, (n, c, exact_div(h, block), block, exact_div(w, block), block))
     # DCR puts the block offsets before the channels, CRD after them.
@@ -501,7 +542,7 @@ def _eye_like(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     attrs = ctx.attributes(node)
     k = attrs.int("k", 0)
     dtype = DType.from_onnx(attrs.int("dtype"), ctx.where) if attrs.has("dtype") else x.dtype
-    rows, cols = x.shape
+    rows, cols = ctx.shape_of(x, 2, "EyeLike's input")
     if not isinstance(rows, int) or not isinstance(cols, int):
         raise ctx.fail_symbolic("EyeLike on symbolic sizes is not supported")
     return [ctx.builder.constant(np.eye(rows, cols, k, dtype=dtype.numpy))]

@@ -85,7 +85,7 @@ def _causal_conv_with_state(ctx: ImportContext, node: onnx.NodeProto) -> list[On
     if activation not in ("none", "silu", "swish"):
         raise ctx.fail(f"activation '{activation}' is not none, silu or swish")
     b = ctx.builder
-    batch, channels, _ = x.shape
+    batch, channels, _ = ctx.shape_of(x, 3, "the input")
     k = static_dim(ctx, w.shape[2], "the kernel size")
     if past is None:
         past = b.scalar(0.0, x.dtype, (batch, channels, k - 1))
@@ -133,7 +133,7 @@ def _rotary_embedding(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValu
     else:
         if not heads:
             raise ctx.fail("RotaryEmbedding of a 3-D input needs num_heads")
-        batch, seq, hidden = x.shape
+        batch, seq, hidden = ctx.shape_of(x, 3, "RotaryEmbedding's input")
         work = b.view(x, (batch, seq, heads, exact_div(hidden, heads)))
     size = static_dim(ctx, work.shape[3], "the head size")
     rotary = rotary or size

@@ -1,0 +1,317 @@
+"""What the mutation fuzzer found (tests/testing/test_mutation.py), each as a small model.
+
+Each of these raised IndexError, AssertionError, ValueError, ZeroDivisionError, TypeError or
+ran out of memory while loading; each must now be one typed error naming the node.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import knopt
+from knopt.errors import KnoptError
+from tests.hostile.builders import I64, info, ints, model
+from tests.oracle import run_onnxruntime
+
+
+def _shape_of_x(*nodes: onnx.NodeProto, x: list[int | str] | None = None) -> onnx.ModelProto:
+    """`s = Shape(x)` followed by `nodes`, whose last output is `y`."""
+    shape = helper.make_node("Shape", ["x"], ["s"], name="shape")
+    return model([shape, *nodes], [info("x", x or ["n", 4])], [info("y", None, I64)])
+
+
+FLOATS = numpy_helper.from_array(np.array([0.0, 1.0], np.float32), "two")
+CASES: dict[str, tuple[onnx.ModelProto, str]] = {
+    "input_missing": (
+        model(
+            [helper.make_node("Unsqueeze", ["x"], ["y"], name="u")],
+            [info("x", [2])],
+            [info("y", None)],
+        ),
+        "node 'u'.*takes 2 inputs, got 1",
+    ),
+    "output_extra": (
+        model(
+            [helper.make_node("Relu", ["x"], ["y", "z"], name="r")],
+            [info("x", [2])],
+            [info("y", None)],
+        ),
+        "node 'r'.*takes 1 outputs, got 2",
+    ),
+    "axes_from_sizes": (
+        _shape_of_x(helper.make_node("Unsqueeze", ["s", "s"], ["y"], name="u")),
+        "node 'u'",
+    ),
+    "size_index_out_of_range": (
+        model(
+            [
+                helper.make_node("Shape", ["x"], ["s"], name="shape"),
+                helper.make_node("Gather", ["s", "i"], ["y"], name="g"),
+            ],
+            [info("x", ["n", 4])],
+            [info("y", None, I64)],
+            [ints("i", 255)],
+        ),
+        "node 'g'.*out of range",
+    ),
+    "clip_bound_of_two_values": (
+        model(
+            [helper.make_node("Clip", ["x", "two"], ["y"], name="c")],
+            [info("x", [2])],
+            [info("y", None)],
+            [FLOATS],
+        ),
+        "node 'c'.*must hold one value, not 2",
+    ),
+    "conv_stride_zero": (
+        model(
+            [helper.make_node("Conv", ["x", "w"], ["y"], name="c", strides=[1, 0])],
+            [info("x", [1, 1, 4, 4])],
+            [info("y", None)],
+            [numpy_helper.from_array(np.ones((1, 1, 2, 2), np.float32), "w")],
+        ),
+        "node 'c'.*stride 0",
+    ),
+    "gather_nd_batch_beyond_rank": (
+        model(
+            [helper.make_node("GatherND", ["x", "i"], ["y"], name="g", batch_dims=2)],
+            [info("x", [2, 3])],
+            [info("y", None)],
+            [ints("i", [[0], [1]])],
+        ),
+        "node 'g'.*batch_dims 2",
+    ),
+    "huge_static_size_beside_a_symbolic_one": (
+        model(
+            [helper.make_node("Relu", ["x"], ["y"], name="r")],
+            [info("x", ["n", 2**31 - 1, 2**20])],
+            [info("y", None)],
+        ),
+        "graph input 'x'",
+    ),
+    "resize_to_a_billion_positions": (
+        model(
+            [helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="r")],
+            [info("x", [1, 1, 2])],
+            [info("y", None)],
+            [ints("sizes", [1, 1, 2**30])],
+        ),
+        "node 'r'.*2\\^20|node 'r'.*memory limit|node 'r'.*at most",
+    ),
+    "top_k_of_two_values": (
+        model(
+            [helper.make_node("TopK", ["x", "k"], ["y", "i"], name="t")],
+            [info("x", [4])],
+            [info("y", None)],
+            [ints("k", [1, 2])],
+        ),
+        "node 't'.*must hold one value",
+    ),
+    "reshape_of_sizes_that_do_not_fit": (
+        model(
+            [
+                helper.make_node("Shape", ["x"], ["s"], name="shape"),
+                helper.make_node("Reshape", ["s", "t"], ["y"], name="r"),
+            ],
+            [info("x", ["n", 4])],
+            [info("y", None, I64)],
+            [ints("t", [3])],
+        ),
+        "node 'r'",
+    ),
+    "concat_of_sizes_of_different_ranks": (
+        model(
+            [
+                helper.make_node("Shape", ["x"], ["s"], name="shape"),
+                helper.make_node("Concat", ["s", "m"], ["y"], name="c", axis=0),
+            ],
+            [info("x", ["n", 4])],
+            [info("y", None, I64)],
+            [ints("m", [[1, 2]])],
+        ),
+        "node 'c'",
+    ),
+    "slice_lists_of_different_lengths": (
+        model(
+            [helper.make_node("Slice", ["x", "a", "b", "c"], ["y"], name="s")],
+            [info("x", [4, 4])],
+            [info("y", None)],
+            [ints("a", [0, 0]), ints("b", [2]), ints("c", [0, 1])],
+        ),
+        "node 's'.*differ in length",
+    ),
+    "required_input_without_a_name": (
+        model(
+            [helper.make_node("Gather", ["", "i"], ["y"], name="g")],
+            [],
+            [info("y", None)],
+            [ints("i", [0])],
+        ),
+        "node 'g'.*input 0 \\(data\\) is required",
+    ),
+    "loop_without_a_body": (
+        model(
+            [helper.make_node("Loop", ["m", "", "x"], ["y"], name="l")],
+            [info("x", [2])],
+            [info("y", None)],
+            [ints("m", 2)],
+        ),
+        "node 'l'.*required attribute\\(s\\) body",
+    ),
+    "if_branches_of_different_lengths": (
+        model(
+            [
+                helper.make_node(
+                    "If",
+                    ["c"],
+                    ["y"],
+                    name="if",
+                    then_branch=helper.make_graph(
+                        [helper.make_node("Neg", ["x"], ["t"])], "t", [], [info("t", [2])]
+                    ),
+                    else_branch=helper.make_graph(
+                        [
+                            helper.make_node("Neg", ["x"], ["e"]),
+                            helper.make_node("Relu", ["x"], ["f"]),
+                        ],
+                        "e",
+                        [],
+                        [info("e", [2]), info("f", [2])],
+                    ),
+                )
+            ],
+            [info("x", [2]), info("c", [], onnx.TensorProto.BOOL)],
+            [info("y", None)],
+        ),
+        "node 'if'.*1 and 2 outputs",
+    ),
+    "concat_of_scalars": (
+        model(
+            [helper.make_node("Concat", ["a", "b"], ["y"], name="c", axis=0)],
+            [],
+            [info("y", None, I64)],
+            [ints("a", 1), ints("b", 2)],
+        ),
+        "node 'c'.*not scalars",
+    ),
+    "concat_of_a_size_and_a_scalar": (
+        model(
+            [
+                helper.make_node("Shape", ["x"], ["s"], name="shape"),
+                helper.make_node("Gather", ["s", "i"], ["n"], name="batch"),
+                helper.make_node("Concat", ["n", "n"], ["y"], name="c", axis=0),
+            ],
+            [info("x", ["n", 4])],
+            [info("y", None, I64)],
+            [ints("i", 0)],
+        ),
+        "node 'c'.*not scalars",
+    ),
+    "instance_norm_of_a_vector": (
+        model(
+            [helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], name="n")],
+            [info("x", [4]), info("s", [4]), info("b", [4])],
+            [info("y", None)],
+        ),
+        "node 'n'.*rank 3 or more",
+    ),
+    "depth_to_space_of_rank_3": (
+        model(
+            [helper.make_node("DepthToSpace", ["x"], ["y"], name="d", blocksize=2)],
+            [info("x", [1, 8, 2])],
+            [info("y", None)],
+        ),
+        "node 'd'.*rank 4, not 3",
+    ),
+    "reversed_slice_from_a_symbolic_start": (
+        model(
+            [
+                helper.make_node("Shape", ["x"], ["s"], name="shape"),
+                helper.make_node("Slice", ["v", "s", "end", "zero", "back"], ["y"], name="s"),
+            ],
+            [info("x", ["n"]), info("v", [5])],
+            [info("y", None)],
+            [ints("end", [0]), ints("zero", [0]), ints("back", [-1])],
+        ),
+        "node 's'.*static starts and ends",
+    ),
+    "range_of_two_values": (
+        model(
+            [helper.make_node("Range", ["a", "b", "c"], ["y"], name="r")],
+            [],
+            [info("y", None, I64)],
+            [ints("a", [0, 1]), ints("b", 5), ints("c", 1)],
+        ),
+        "node 'r'.*one value each",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fuzzer_findings_are_typed_errors_naming_the_node(case: str) -> None:
+    proto, pattern = CASES[case]
+    with pytest.raises(KnoptError, match=pattern):
+        knopt.load(proto.SerializeToString())
+
+
+def test_an_opset_beyond_32_bits_still_loads() -> None:
+    proto = model(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")], [info("x", [2])], [info("y", [2])]
+    )
+    proto.opset_import[0].version = 2**40
+    (y,) = knopt.compile(proto.SerializeToString()).run(None, {"x": np.array([-1, 2], np.float32)})
+    np.testing.assert_array_equal(y, [0, 2])
+
+
+def _window_model(node: onnx.NodeProto, *initializers: onnx.TensorProto) -> onnx.ModelProto:
+    return model([node], [info("x", [1, 2, 20, 20])], [info("y", None)], initializers)
+
+
+WEIGHT = numpy_helper.from_array(np.full((3, 2, 2, 2), 0.5, np.float32), "w")
+WINDOWS = {
+    "max_pool_over_everything": _window_model(
+        helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[20, 20])
+    ),
+    "average_pool_over_most_with_padding": _window_model(
+        helper.make_node(
+            "AveragePool", ["x"], ["y"], kernel_shape=[17, 19], pads=[1, 0, 2, 1], strides=[3, 2]
+        )
+    ),
+    "conv_with_a_stride_of_2_to_63": _window_model(
+        helper.make_node("Conv", ["x", "w"], ["y"], strides=[2**63 - 1, 1]), WEIGHT
+    ),
+    "conv_with_a_dilation_of_2_to_63_on_a_kernel_of_one": _window_model(
+        helper.make_node("Conv", ["x", "w1"], ["y"], dilations=[2**63 - 1, 1]),
+        numpy_helper.from_array(np.full((3, 2, 1, 2), 0.5, np.float32), "w1"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WINDOWS))
+def test_windows_of_extreme_sizes_agree_with_onnxruntime(case: str) -> None:
+    proto = WINDOWS[case]
+    x = np.random.default_rng(9).standard_normal((1, 2, 20, 20)).astype(np.float32)
+    (expected,) = run_onnxruntime(proto, {"x": x})
+    (got,) = knopt.compile(proto.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_slice_parameters_given_as_scalars_are_read_as_lists() -> None:
+    slicer = helper.make_node("Slice", ["x", "a", "b", "c", "d"], ["y"], name="s")
+    params = [ints("a", [1]), ints("b", [7]), ints("c", 1), ints("d", 2)]
+    proto = model([slicer], [info("x", [2, 8])], [info("y", None)], params)
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    (y,) = knopt.compile(proto.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_array_equal(y, x[:, 1:7:2])
+
+
+def test_a_pool_wider_than_its_padded_input_gives_an_empty_result() -> None:
+    pool = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    proto = model([pool], [info("x", [1, 2, 4, 0])], [info("y", None)])
+    (y,) = knopt.compile(proto.SerializeToString()).run(
+        None, {"x": np.ones((1, 2, 4, 0), np.float32)}
+    )
+    assert y.shape == (1, 2, 4, 0)
