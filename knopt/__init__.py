@@ -126,7 +126,9 @@ def compile(
     Args:
         model: A graph, or an ONNX model's path or bytes.
         device: "cpu", "cuda", or "best" (cuda if a GPU is usable).
-        precision: On cuda, "f32" (strict, no TF32), "tf32", "fp16" or "bf16".
+        precision: On cuda, "f32" (strict, no TF32), "tf32", "fp16" or "bf16". The CPU
+            computes in f32 only: another precision is refused on "cpu", and on "best"
+            without a GPU it is a warning (the run is in f32).
         optimize: Run the optimizer first (once). The default is True on cuda, where fused
             kernels are the point, and False on cpu, whose executor is the reference that
             optimized programs are checked against.
@@ -145,6 +147,7 @@ def compile(
             or profile are ignored.
 
     Raises:
+        UsageError: If the device or precision is unknown, or not f32 on "cpu".
         KnoptError: If loading fails or the device is not available.
         InputError: If `dims` names a size the model does not have, or a range is malformed.
     """

@@ -1,7 +1,15 @@
-"""The `knopt` command line: `info` and `run`, called through `knopt.cli.main`."""
+"""The `knopt` command line: called through `knopt.cli.main`, and as a process (`python -m knopt`).
+
+As a process, a command ends with status 0 when it did its job, 1 when it could not (a model it
+cannot read, inputs that do not fit), and 2 when the command line asks for something that cannot
+be (checked before any work); errors are one line on stderr, never a traceback.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +24,27 @@ from tests.models import fixtures
 
 MLP = next(f for f in fixtures() if f.file == "mlp_ts14.onnx")
 GPT2 = next(f for f in fixtures() if f.file == "gpt2_ts14.onnx")
+ROOT = Path(__file__).parents[1]
+
+
+def knopt_process(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """Run `python -m knopt ARGS` with this checkout's knopt; stdout and stderr captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "knopt", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+        check=False,
+    )
+
+
+def error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The one line a failed command printed on stderr (it printed exactly one)."""
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.splitlines()
+    return line
 
 
 def _model_with_unsupported_ops(path: Path) -> Path:
@@ -157,7 +186,7 @@ def test_run_rejects_malformed_dims(
     feeds: dict[str, Any] = MLP.feeds()
     np.savez(tmp_path / "in.npz", **feeds)
     args = ["run", str(MLP.path), "--inputs", str(tmp_path / "in.npz"), "--dims", dims]
-    assert main(args) == 1
+    assert main(args) == 2
     assert "NAME=SIZE" in capsys.readouterr().err
 
 
@@ -184,3 +213,66 @@ def test_info_looks_inside_model_local_functions(
     out = capsys.readouterr().out
     assert "NoSuchOp: 'inner_strange'" in out
     assert "Block" not in out.split("unsupported ops")[1]
+
+
+# ---- exit statuses and one-line errors, as a process ---------------------------------------
+
+
+def _usage_mistakes(tmp: Path) -> list[tuple[list[str | Path], str]]:
+    """Command lines that must fail at once with status 2, and what their message names."""
+    model = MLP.path
+    return [
+        (["optimize", model, "--time-limit", "-1"], "--time-limit: -1 must be a number above 0"),
+        (["optimize", model, "--time-limit", "0"], "--time-limit: 0 must be a number above 0"),
+        (["optimize", model, "--node-limit", "0"], "--node-limit: 0 must be at least 1"),
+        (["check-rules", "--instances", "-3"], "--instances: -3 must be at least 1"),
+        (["check-rules", "--jobs", "-1"], "--jobs: -1 must be at least 1"),
+        (["optimize", model, "-o", tmp / "o.onnx", "--opset", "29"], "opsets 18 to "),
+        (["optimize", model, "-o", tmp / "o.onnx", "--opset", "13"], "--opset 13: knopt writes"),
+        (["optimize", model, "--opset", "20"], "--opset: only for the saved model; add -o"),
+        (["optimize", model, "--dims", "bach=2"], "no size 'bach' (its sizes: batch)"),
+        (["info", model, "--dims", "bach=2"], "no size 'bach' (its sizes: batch)"),
+        (["run", model, "--inputs", tmp / "in.npz", "--dims", "bach=2"], "no size 'bach'"),
+        (["run", model, "--inputs", tmp / "in.npz", "--precision", "fp16"], "computes in f32"),
+        (["optimize", model, "--report-json", tmp / "no" / "r.json"], "does not exist"),
+        (["optimize", model, "-o", tmp / "no" / "o.onnx"], f"-o {tmp}/no/o.onnx: folder"),
+        (["optimize", model, "-o", tmp], "is a folder; give a file name"),
+        (["run", model, "--inputs", tmp / "in.npz", "--output", tmp / "no" / "o.npz"], "folder"),
+        (["optimse", model], "invalid choice: 'optimse'"),
+    ]
+
+
+def test_usage_mistakes_fail_at_once_with_one_line_and_status_2(tmp_path: Path) -> None:
+    np.savez(tmp_path / "in.npz", **MLP.feeds())
+    for args, message in _usage_mistakes(tmp_path):
+        done = knopt_process(*args)
+        assert done.returncode == 2, args
+        line = error_line(done)
+        assert line.startswith("knopt") and ": error: " in line, line
+        assert message in line, line
+        assert not (tmp_path / "o.onnx").exists()
+
+
+def test_a_failed_run_exits_1_with_one_line(tmp_path: Path) -> None:
+    done = knopt_process("optimize", tmp_path / "missing.onnx", "-o", tmp_path / "o.onnx")
+    assert done.returncode == 1
+    assert error_line(done) == f"knopt optimize: error: {tmp_path}/missing.onnx: no such file"
+
+
+def test_a_bad_report_path_warns_at_once_and_the_model_is_still_saved(tmp_path: Path) -> None:
+    output, report = tmp_path / "o.onnx", tmp_path / "no" / "r.json"
+    done = knopt_process("optimize", MLP.path, "-o", output, "--report-json", report)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    first, *_, last = done.stderr.splitlines()
+    assert first.startswith(f"knopt optimize: warning: --report-json {report}: folder")
+    assert last.endswith("does not exist; the report was not written")
+    assert onnx.load(output).graph.node
+
+
+def test_optimize_saves_at_the_opset_asked_for_and_writes_the_json_report(tmp_path: Path) -> None:
+    output, report = tmp_path / "o.onnx", tmp_path / "r.json"
+    args = ["optimize", str(MLP.path), "-o", str(output), "--opset", "21"]
+    assert main([*args, "--report-json", str(report)]) == 0
+    assert [(o.domain, o.version) for o in onnx.load(output).opset_import] == [("", 21)]
+    assert '"kernels": 9' in report.read_text()

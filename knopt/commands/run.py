@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 import knopt
-from knopt.commands.common import parse_ranges
-from knopt.errors import InputError, KnoptError
+from knopt.commands.common import check_writable, parse_ranges
+from knopt.errors import InputError, KnoptError, UsageError
 from knopt.ir.memory import check_bytes, format_bytes
 
 
@@ -53,9 +53,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the model and write or print its outputs."""
-    session = knopt.compile(
-        args.model, args.device, precision=args.precision, dims=parse_ranges(args.dims)
-    )
+    check_writable("--output", None if args.output is None else Path(args.output))
+    try:
+        session = knopt.compile(
+            args.model, args.device, precision=args.precision, dims=parse_ranges(args.dims)
+        )
+    except InputError as err:  # before any run, only `dims` can be wrong
+        raise UsageError(f"--dims: {str(err).removeprefix('dims: ')}") from err
     feeds = _read_inputs(Path(args.inputs))
     missing = [name for name in session.input_names if name not in feeds]
     if missing:
