@@ -12,7 +12,8 @@ GPUs.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from knopt.errors import (
@@ -36,6 +37,7 @@ from knopt.ir.memory import set_memory_limit
 from knopt.onnx.export import DEFAULT_OPSET, save_onnx
 from knopt.onnx.export_kernels import save_kernels
 from knopt.onnx.load import import_model, input_symbols, load_model
+from knopt.opt.egraph import DEFAULT_LIMITS, Limits
 from knopt.opt.optimize import OptimizeResult
 from knopt.opt.optimize import optimize as run_optimizer
 from knopt.session import PerSizeSession, Session
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 
     from knopt.cache import ProgramCache
     from knopt.opt.cost import DeviceProfile
+    from knopt.opt.rules import RuleFile
 
 
 def load(source: str | os.PathLike[str] | bytes, dims: Mapping[str, int] | None = None) -> Graph:
@@ -94,13 +97,38 @@ def save(
     return save_onnx(graph, path, opset=opset, target=target)
 
 
-def optimize(graph: Graph, **options: Any) -> OptimizeResult:
-    """Optimize a graph by equality saturation; see `knopt.opt.optimize.optimize`.
+def optimize(
+    graph: Graph,
+    *,
+    rules: Sequence[str | Path | RuleFile] = (),
+    profile: str | os.PathLike[str] | DeviceProfile = "cpu",
+    limits: Limits = DEFAULT_LIMITS,
+    ilp: bool = True,
+    sizes: Mapping[str, int] | None = None,
+) -> OptimizeResult:
+    """Optimize a graph by equality saturation and cost-based extraction.
+
+    Phase 1 rewrites the graph with the algebra rules and extracts the cheapest program of ops;
+    phase 2 groups that program's ops into fused kernels. Symbolic sizes stay symbolic.
+
+    Args:
+        graph: The graph to optimize (it is not changed).
+        rules: Extra rule files (paths or `knopt.opt.RuleFile`s), run with the shipped ones.
+        profile: The device whose costs guide extraction: "cpu", "h200", "h200-graph", a
+            profile file written by `knopt calibrate`, or a `DeviceProfile`.
+        limits: Saturation bounds per phase (`knopt.opt.Limits(seconds=..., nodes=...)`);
+            hitting one keeps the best e-graph so far.
+        ilp: Whether to refine extraction with an ILP where it can pay off.
+        sizes: The representative value of named symbolic sizes, at which kernels are costed.
 
     Returns:
-        The optimized graph (`.graph`) and what was done (`.report`).
+        The optimized graph (`.graph`), its kernels (`.program`) and what was done (`.report`).
+
+    Raises:
+        RuleFileError: If a rule file is malformed.
+        OptimizeError: If the rules or extraction produce something unusable.
     """
-    return run_optimizer(graph, **options)
+    return run_optimizer(graph, rules=rules, profile=profile, limits=limits, ilp=ilp, sizes=sizes)
 
 
 def compile(

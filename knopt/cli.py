@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from knopt.commands import COMMANDS
 from knopt.errors import KnoptError, UsageError
+from knopt.version import __version__
 
 FAILED = 1  # a command that could not do its job
 USAGE = 2  # a command line that asks for something that cannot be (as argparse exits)
@@ -30,6 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="knopt",
         description="An optimizing compiler for neural networks (ONNX in, fused kernels out).",
     )
+    parser.add_argument("--version", action="version", version=f"knopt {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(subparsers)

@@ -186,6 +186,13 @@ class Session:
         if cache is not None:
             self.cache = open_cache(cache, device)
 
+    def __repr__(self) -> str:
+        optimized = "optimized" if self.optimize else "not optimized"
+        return (
+            f"<{type(self).__name__} {self.device} {self.precision}, {optimized}, "
+            f"inputs {self.input_names}, outputs {self.output_names}>"
+        )
+
     @property
     def input_names(self) -> list[str]:
         """The model's input names, in order."""

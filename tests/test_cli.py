@@ -7,6 +7,7 @@ be (checked before any work); errors are one line on stderr, never a traceback.
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from onnx import TensorProto, helper
 
 import knopt
 from knopt.cli import main
+from knopt.opt.optimize import optimize as run_optimizer
 from tests.models import fixtures
 
 MLP = next(f for f in fixtures() if f.file == "mlp_ts14.onnx")
@@ -243,7 +245,8 @@ def _usage_mistakes(tmp: Path) -> list[tuple[list[str | Path], str]]:
 
 
 def test_usage_mistakes_fail_at_once_with_one_line_and_status_2(tmp_path: Path) -> None:
-    np.savez(tmp_path / "in.npz", **MLP.feeds())
+    feeds: dict[str, Any] = MLP.feeds()
+    np.savez(tmp_path / "in.npz", **feeds)
     for args, message in _usage_mistakes(tmp_path):
         done = knopt_process(*args)
         assert done.returncode == 2, args
@@ -276,3 +279,55 @@ def test_optimize_saves_at_the_opset_asked_for_and_writes_the_json_report(tmp_pa
     assert main([*args, "--report-json", str(report)]) == 0
     assert [(o.domain, o.version) for o in onnx.load(output).opset_import] == [("", 21)]
     assert '"kernels": 9' in report.read_text()
+
+
+# ---- the basics a new user looks for -------------------------------------------------------
+
+
+def test_version_and_python_dash_m() -> None:
+    done = knopt_process("--version")
+    assert done.returncode == 0
+    assert done.stdout == f"knopt {knopt.__version__}\n"
+
+
+def test_a_fresh_process_has_the_report_module_and_short_reprs(tmp_path: Path) -> None:
+    script = (
+        "import knopt\n"
+        "print(knopt.opt.explain.to_html.__name__, knopt.opt.explain.format_report.__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+        check=False,
+    )
+    assert done.stdout == "to_html format_report\n", done.stderr
+
+
+def test_result_and_session_reprs_are_one_short_line() -> None:
+    result = knopt.optimize(knopt.load(MLP.path))
+    text = repr(result)
+    report = result.report
+    assert text.startswith(f"<OptimizeResult {report.nodes_before} -> {report.nodes_after} IR")
+    assert f"{report.kernels} kernels" in text and len(text) < 120
+    session = knopt.compile(MLP.path)
+    assert repr(session) == "<Session cpu f32, not optimized, inputs ['input'], outputs ['logits']>"
+
+
+def test_optimize_names_its_keywords() -> None:
+    parameters = inspect.signature(knopt.optimize).parameters
+    assert list(parameters) == ["graph", "rules", "profile", "limits", "ilp", "sizes"]
+    engine = inspect.signature(run_optimizer).parameters
+    for name in list(parameters)[1:]:
+        assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert parameters[name].default == engine[name].default
+
+
+def test_demo_says_where_its_model_is(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--device-profile", "cpu"]) == 0
+    out = capsys.readouterr().out
+    path = Path(knopt.__file__).parent / "data" / "demo.onnx"
+    assert out.startswith(f"demo model: {path} (")
+    assert out.splitlines()[-1] == f"next: knopt optimize {path} -o demo.opt.onnx --html demo.html"

@@ -43,6 +43,16 @@ class OptimizeResult:
     group_kinds: dict[int, str] = field(default_factory=dict)  # kernel key -> kernel kind
     original: Graph | None = field(default=None, repr=False)
 
+    def __repr__(self) -> str:
+        # The dataclass's own repr would print every weight of the graph.
+        r = self.report
+        kernels = f"{r.kernels} kernel{'' if r.kernels == 1 else 's'}"
+        return (
+            f"<OptimizeResult {r.nodes_before} -> {r.nodes_after} IR nodes, {kernels}, "
+            f"estimated {r.cost_before * 1e6:.1f} -> {r.cost_after * 1e6:.1f} us "
+            f"({r.profile})>"
+        )
+
 
 @dataclass
 class _Phase:
