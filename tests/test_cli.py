@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +22,10 @@ from onnx import TensorProto, helper
 
 import knopt
 from knopt.cli import main
+from knopt.commands.run import random_inputs
 from knopt.opt.optimize import optimize as run_optimizer
 from tests.models import fixtures
+from tests.oracle import run_onnxruntime
 
 MLP = next(f for f in fixtures() if f.file == "mlp_ts14.onnx")
 GPT2 = next(f for f in fixtures() if f.file == "gpt2_ts14.onnx")
@@ -331,3 +334,60 @@ def test_demo_says_where_its_model_is(capsys: pytest.CaptureFixture[str]) -> Non
     path = Path(knopt.__file__).parent / "data" / "demo.onnx"
     assert out.startswith(f"demo model: {path} (")
     assert out.splitlines()[-1] == f"next: knopt optimize {path} -o demo.opt.onnx --html demo.html"
+
+
+# ---- optimize without -o, and run: optimized, timed, on random inputs ------------------------
+
+
+def test_optimize_without_output_says_nothing_is_saved(tmp_path: Path) -> None:
+    done = knopt_process("optimize", MLP.path, cwd=tmp_path)
+    assert done.returncode == 0
+    first, last = done.stderr.splitlines()
+    assert (
+        first == "knopt optimize: note: no -o PATH given, so the optimized model will not be saved"
+    )
+    assert last.startswith("mlp_ts14.onnx: 26 ONNX nodes") and last.endswith(
+        "nothing saved (no -o)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("optimize", [[], ["--optimize"]])
+def test_run_on_random_inputs_matches_onnxruntime(tmp_path: Path, optimize: list[str]) -> None:
+    out = tmp_path / "out.npz"
+    args = ["run", str(GPT2.path), "--seed", "7", "--dims", "batch=2", "--dims", "seq=1:5:16"]
+    assert main([*args, "--output", str(out), *optimize]) == 0
+    session = knopt.compile(GPT2.path, dims={"batch": 2, "seq": (1, 5, 16)})
+    feeds = random_inputs(session, 7)
+    assert feeds["input_ids"].shape == (2, 5)
+    assert set(np.unique(feeds["input_ids"])) <= {0, 1}
+    (expected,) = run_onnxruntime(onnx.load(GPT2.path), feeds)
+    with np.load(out) as saved:
+        np.testing.assert_allclose(saved["last_hidden_state"], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_run_optimize_runs_the_optimizer_once_and_repeat_reports_latency(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sessions: list[knopt.Session] = []
+    compile_model = knopt.compile
+
+    def compile_and_keep(*args: Any, **kwargs: Any) -> knopt.Session:
+        sessions.append(compile_model(*args, **kwargs))
+        return sessions[-1]
+
+    monkeypatch.setattr(knopt, "compile", compile_and_keep)
+    assert main(["run", str(MLP.path), "--optimize", "--repeat", "3", "--device", "best"]) == 0
+    (session,) = sessions
+    assert session.stats.optimizer_runs == 1
+    captured = capsys.readouterr()
+    summary, timing = captured.out.splitlines()
+    assert summary.startswith("logits: shape [1, 8], dtype float32")
+    device = session.device
+    assert re.fullmatch(
+        rf"latency over 3 run\(s\): median [0-9.]+ ms, min [0-9.]+ ms \({device}, f32, "
+        r"optimized; first run [0-9.]+ ms\)",
+        timing,
+    )
+    assert f"knopt run: device 'best': running on {device}\n" in captured.err
+    assert "knopt run: random inputs (seed 0): input float32 [1, 16]\n" in captured.err
