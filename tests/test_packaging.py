@@ -48,4 +48,5 @@ def test_the_plain_install_has_everything_knopt_imports_outside_its_extras() -> 
     needed = _distributions(_imported(files))
     declared = _declared(project["dependencies"])
     assert needed <= declared, sorted(needed - declared)
+    assert declared <= needed, f"declared but never imported: {sorted(declared - needed)}"
     assert "hypothesis" in declared  # knopt check-rules and knopt.testing draw with it
