@@ -12,7 +12,7 @@ GPUs.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,6 +105,7 @@ def optimize(
     limits: Limits = DEFAULT_LIMITS,
     ilp: bool = True,
     sizes: Mapping[str, int] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> OptimizeResult:
     """Optimize a graph by equality saturation and cost-based extraction.
 
@@ -120,6 +121,7 @@ def optimize(
             hitting one keeps the best e-graph so far.
         ilp: Whether to refine extraction with an ILP where it can pay off.
         sizes: The representative value of named symbolic sizes, at which kernels are costed.
+        progress: Called with a short line as each phase starts, for a status display.
 
     Returns:
         The optimized graph (`.graph`), its kernels (`.program`) and what was done (`.report`).
@@ -128,7 +130,9 @@ def optimize(
         RuleFileError: If a rule file is malformed.
         OptimizeError: If the rules or extraction produce something unusable.
     """
-    return run_optimizer(graph, rules=rules, profile=profile, limits=limits, ilp=ilp, sizes=sizes)
+    return run_optimizer(
+        graph, rules=rules, profile=profile, limits=limits, ilp=ilp, sizes=sizes, progress=progress
+    )
 
 
 def compile(

@@ -8,10 +8,12 @@ be (checked before any work); errors are one line on stderr, never a traceback.
 from __future__ import annotations
 
 import inspect
+import io
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from onnx import TensorProto, helper
 
 import knopt
 from knopt.cli import main
+from knopt.commands.common import Status
 from knopt.commands.run import random_inputs
 from knopt.opt.optimize import optimize as run_optimizer
 from tests.models import fixtures
@@ -321,7 +324,7 @@ def test_result_and_session_reprs_are_one_short_line() -> None:
 
 def test_optimize_names_its_keywords() -> None:
     parameters = inspect.signature(knopt.optimize).parameters
-    assert list(parameters) == ["graph", "rules", "profile", "limits", "ilp", "sizes"]
+    assert list(parameters) == ["graph", "rules", "profile", "limits", "ilp", "sizes", "progress"]
     engine = inspect.signature(run_optimizer).parameters
     for name in list(parameters)[1:]:
         assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY
@@ -391,3 +394,54 @@ def test_run_optimize_runs_the_optimizer_once_and_repeat_reports_latency(
     )
     assert f"knopt run: device 'best': running on {device}\n" in captured.err
     assert "knopt run: random inputs (seed 0): input float32 [1, 16]\n" in captured.err
+
+
+# ---- progress on stderr --------------------------------------------------------------------
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_status_line_shows_on_a_terminal_after_a_delay_and_is_erased(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setattr(Status, "DELAY", 0.0)
+    status = Status("optimize")
+    status("algebra: saturating 58 nodes")
+    with status:
+        for _ in range(500):  # until the thread drew the line once
+            if terminal.getvalue():
+                break
+            time.sleep(0.01)
+    text = terminal.getvalue()
+    assert text.startswith("\r\x1b[Kknopt optimize: algebra: saturating 58 nodes (")
+    assert text.endswith("\r\x1b[K")
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_no_status_line_off_a_terminal_or_with_quiet(
+    monkeypatch: pytest.MonkeyPatch, tty: bool
+) -> None:
+    stream = _Terminal() if tty else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    monkeypatch.setattr(Status, "DELAY", 0.0)
+    with Status("optimize", quiet=tty) as status:
+        assert not status.enabled
+        status("kernels: extracting")
+        time.sleep(0.05)
+    assert stream.getvalue() == ""
+
+
+def test_optimize_reports_each_phase_to_its_progress_callback() -> None:
+    lines: list[str] = []
+    knopt.optimize(knopt.load(MLP.path), progress=lines.append)
+    assert [line.split(" ", 2)[:2] for line in lines] == [
+        ["algebra:", "saturating"],
+        ["algebra:", "extracting"],
+        ["kernels:", "saturating"],
+        ["kernels:", "extracting"],
+    ]

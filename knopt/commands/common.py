@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -111,3 +114,60 @@ def unwritable(path: Path) -> str | None:
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         return "not writable; choose another path"
     return None
+
+
+class Status:
+    """A status line on stderr for work that may take more than a second.
+
+    Shown only where stderr is a terminal and the user did not ask for `--quiet`, and only once
+    the command has run for a second: a background thread redraws the latest line with the time
+    so far, in place. Use it as a context manager; on exit the line is erased, so that what the
+    command prints next starts on a clean line.
+
+        with Status("optimize", quiet=args.quiet) as status:
+            status("loading the model")
+    """
+
+    DELAY = 1.0  # seconds before the first line: quick commands show nothing
+    REFRESH = 0.25  # seconds between redraws
+
+    def __init__(self, command: str, quiet: bool = False) -> None:
+        self.command = command
+        self.enabled = not quiet and sys.stderr.isatty()
+        self._began = time.perf_counter()
+        self._line = ""
+        self._shown = False
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._redraw, daemon=True)
+
+    def __call__(self, line: str) -> None:
+        """Make `line` the current status."""
+        self._line = line
+
+    def __enter__(self) -> Status:
+        if self.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if not self.enabled:
+            return
+        self._stop.set()
+        self._thread.join()
+        with self._lock:
+            if self._shown:
+                sys.stderr.write("\r\x1b[K")
+                sys.stderr.flush()
+
+    def _redraw(self) -> None:
+        if self._stop.wait(self.DELAY):
+            return
+        while True:
+            elapsed = time.perf_counter() - self._began
+            with self._lock:
+                sys.stderr.write(f"\r\x1b[Kknopt {self.command}: {self._line} ({elapsed:.0f} s)")
+                sys.stderr.flush()
+                self._shown = True
+            if self._stop.wait(self.REFRESH):
+                return

@@ -11,6 +11,7 @@ import onnx
 
 import knopt
 from knopt.commands.common import (
+    Status,
     check_writable,
     positive_float,
     positive_int,
@@ -45,6 +46,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="an extra rule file (repeatable); its rules join the `algebra` ruleset",
     )
     parser.add_argument("--explain", action="store_true", help="print what the optimizer did")
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress line and no summary (progress shows only on a terminal anyway)",
+    )
     parser.add_argument("--report-json", type=Path, help="write the report as JSON here")
     parser.add_argument(
         "--html",
@@ -106,33 +113,40 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Optimize, report and save."""
     bad_reports = _check_request(args)
-    model = load_model(args.model)
-    opset = _output_opset(args.opset, default_opset(model))
-    ranges = size_profile(args.dims, input_symbols(model))
-    graph = knopt.onnx.import_model(model, ranges.fixed)
-    if args.output is None and not (args.explain or args.report_json or args.html):
-        print(
-            "knopt optimize: note: no -o PATH given, so the optimized model will not be saved",
-            file=sys.stderr,
+    with Status("optimize", quiet=args.quiet) as status:
+        status("loading the model")
+        model = load_model(args.model)
+        opset = _output_opset(args.opset, default_opset(model))
+        ranges = size_profile(args.dims, input_symbols(model))
+        status("importing the model")
+        graph = knopt.onnx.import_model(model, ranges.fixed)
+        if args.output is None and not (args.explain or args.report_json or args.html):
+            print(
+                "knopt optimize: note: no -o PATH given, so the optimized model will not be saved",
+                file=sys.stderr,
+            )
+        result = knopt.optimize(
+            graph,
+            sizes=ranges.representative,
+            rules=args.rules,
+            profile=args.device_profile,
+            limits=Limits(seconds=args.time_limit, nodes=args.node_limit),
+            ilp=not args.no_ilp,
+            progress=status,
         )
-    result = knopt.optimize(
-        graph,
-        sizes=ranges.representative,
-        rules=args.rules,
-        profile=args.device_profile,
-        limits=Limits(seconds=args.time_limit, nodes=args.node_limit),
-        ilp=not args.no_ilp,
-    )
+        if args.output:
+            status(f"saving {args.output}")
+            saved = knopt.save(
+                result, args.output, kernels=args.kernels, opset=opset, target=args.target or "onnx"
+            )
     report = result.report
     report.onnx_nodes_before = len(model.graph.node)
     if args.output:
-        saved = knopt.save(
-            result, args.output, kernels=args.kernels, opset=opset, target=args.target or "onnx"
-        )
         report.onnx_nodes_after = len(saved.graph.node)
     if args.explain:
         print(format_report(report))
-    print(_summary(args, report), file=sys.stderr)
+    if not args.quiet:
+        print(_summary(args, report), file=sys.stderr)
     if args.report_json and "--report-json" not in bad_reports:
         _write_report(args.report_json, "--report-json", json.dumps(report.to_json(), indent=2))
     if args.html and "--html" not in bad_reports:

@@ -17,7 +17,7 @@ import numpy as np
 from onnx import helper
 
 import knopt
-from knopt.commands.common import check_writable, parse_ranges, positive_int
+from knopt.commands.common import Status, check_writable, parse_ranges, positive_int
 from knopt.errors import InputError, KnoptError, UsageError
 from knopt.ir.memory import check_bytes, format_bytes
 from knopt.session import PerSizeSession, Session
@@ -78,6 +78,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="after a first run (which optimizes, binds and compiles), time N more runs and "
         "print the median and minimum latency",
     )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress line and no notes on stderr (progress shows only on a terminal)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -94,12 +100,13 @@ def run(args: argparse.Namespace) -> int:
         )
     except InputError as err:  # before any run, only `dims` can be wrong
         raise UsageError(f"--dims: {str(err).removeprefix('dims: ')}") from err
-    if args.device == "best":
+    if args.device == "best" and not args.quiet:
         print(f"knopt run: device 'best': running on {session.device}", file=sys.stderr)
     if args.inputs is None:
         feeds = random_inputs(session, args.seed)
         shown = ", ".join(f"{n} {a.dtype} {list(a.shape)}" for n, a in feeds.items())
-        print(f"knopt run: random inputs (seed {args.seed}): {shown}", file=sys.stderr)
+        if not args.quiet:
+            print(f"knopt run: random inputs (seed {args.seed}): {shown}", file=sys.stderr)
     else:
         feeds = _read_inputs(Path(args.inputs))
     missing = [name for name in session.input_names if name not in feeds]
@@ -109,7 +116,10 @@ def run(args: argparse.Namespace) -> int:
             "save one array per input, named after it"
         )
     began = time.perf_counter()
-    outputs = dict(zip(session.output_names, session.run(None, feeds), strict=True))
+    with Status("run", quiet=args.quiet) as status:
+        prepared = "optimizes and compiles" if session.device == "cuda" else "optimizes"
+        status(f"first run ({prepared})" if session.optimize else "running")
+        outputs = dict(zip(session.output_names, session.run(None, feeds), strict=True))
     first = time.perf_counter() - began
     if args.output is not None:
         _check_room(Path(args.output), outputs)
