@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -253,8 +254,11 @@ def _usage_mistakes(tmp: Path) -> list[tuple[list[str | Path], str]]:
 def test_usage_mistakes_fail_at_once_with_one_line_and_status_2(tmp_path: Path) -> None:
     feeds: dict[str, Any] = MLP.feeds()
     np.savez(tmp_path / "in.npz", **feeds)
-    for args, message in _usage_mistakes(tmp_path):
-        done = knopt_process(*args)
+    mistakes = _usage_mistakes(tmp_path)
+    # Two at a time: each process spends most of its second importing knopt.
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda mistake: knopt_process(*mistake[0]), mistakes))
+    for (args, message), done in zip(mistakes, runs, strict=True):
         assert done.returncode == 2, args
         line = error_line(done)
         assert line.startswith("knopt") and ": error: " in line, line
