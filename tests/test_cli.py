@@ -440,6 +440,17 @@ def test_no_status_line_off_a_terminal_or_with_quiet(
     assert stream.getvalue() == ""
 
 
+def test_quiet_optimize_prints_nothing_but_what_was_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["optimize", str(MLP.path), "-q"]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert main(["optimize", str(MLP.path), "-q", "--explain"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("optimized with the cpu cost model in ")
+    assert captured.err == ""
+
+
 def test_optimize_reports_each_phase_to_its_progress_callback() -> None:
     lines: list[str] = []
     knopt.optimize(knopt.load(MLP.path), progress=lines.append)

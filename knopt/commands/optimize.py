@@ -120,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
         ranges = size_profile(args.dims, input_symbols(model))
         status("importing the model")
         graph = knopt.onnx.import_model(model, ranges.fixed)
-        if args.output is None and not (args.explain or args.report_json or args.html):
+        if args.output is None and not (
+            args.quiet or args.explain or args.report_json or args.html
+        ):
             print(
                 "knopt optimize: note: no -o PATH given, so the optimized model will not be saved",
                 file=sys.stderr,
