@@ -8,7 +8,9 @@ however many readers it has (DAG cost). Three steps:
    chosen and whose cost is least when a shared child's cost is split among its readers.
 2. **Local search** with exact costs: reference counts track which classes the program needs,
    and moves are (a) switching one class to another node, (b) having every reader of a shared
-   class stop reading it (inlining a cheap intermediate). A move that would make a cycle is
+   class stop reading it (inlining a cheap intermediate), (c) the converse, having every
+   needed class that could read a class outside the program read it (a merged op, which pays
+   only once all its parts read it). A move that would make a cycle is
    refused: a topological numbering of the current choice answers most checks at once, a
    bounded search the rest. The original program is a second starting point, so the result is
    never estimated worse than the input.
@@ -56,12 +58,16 @@ class _Problem:
         self.nodes: dict[int, list[ENode]] = {}
         self.costs: dict[int, list[float]] = {}
         self.kids: dict[int, list[tuple[int, ...]]] = {}
+        self.readers: dict[int, set[int]] = {}  # class -> classes with a node that reads it
         for cls, nodes in data.classes.items():
             kept = [n for n in nodes if all(k in data.classes for k in children(n))]
             kept = [n for n in kept if cls not in children(n)]
             self.nodes[cls] = kept
             self.costs[cls] = [cost(cls, n) for n in kept]
             self.kids[cls] = [tuple(dict.fromkeys(children(n))) for n in kept]
+            for kids in self.kids[cls]:
+                for kid in kids:
+                    self.readers.setdefault(kid, set()).add(cls)
 
     def bottom_up(self) -> list[int]:
         """Classes in order of their shallowest node's depth (unreachable ones left out)."""
@@ -269,7 +275,7 @@ def _local_search(solution: _Solution, deadline: float) -> int:
                     improved, accepted = True, accepted + 1
                 else:
                     solution.undo(mark, before)
-        moved = _inline_shared(solution)
+        moved = _inline_shared(solution) + _gather_shared(solution)
         accepted += moved
         improved = improved or moved > 0
     return accepted
@@ -313,6 +319,45 @@ def _inline_shared(solution: _Solution) -> int:
             solution.switch(user, best)
             stale = stale or solution.is_stale(user, best)
         if ok and solution.total < before - 1e-15 and (not stale or solution.renumber()):
+            accepted += 1
+        else:
+            solution.undo(mark, before)
+            solution.position = numbering
+    return accepted
+
+
+def _gather_shared(solution: _Solution) -> int:
+    """Try, for each class outside the program, having all needed classes that could read it do.
+
+    The converse of `_inline_shared`. A merged op (rules/merge.egg) computes several needed
+    classes at once and pays only once all of them read it: moving one reader at a time never
+    helps, so no single switch finds it.
+    """
+    p = solution.p
+    accepted = 0
+    for shared, readers in p.readers.items():
+        if solution.refs.get(shared, 0) > 0 or len(readers) < 2:
+            continue
+        users = [c for c in readers if solution.refs.get(c, 0) > 0]
+        if len(users) < 2:
+            continue
+        mark, before = solution.mark(), solution.total
+        numbering = solution.position  # see _inline_shared: one renumbering a move
+        stale = False
+        for user in users:
+            best, best_delta = None, float("inf")
+            for i, kids in enumerate(p.kids[user]):
+                if shared not in kids or i == solution.choice[user]:
+                    continue
+                inner, total = solution.mark(), solution.total
+                delta = _try(solution, user, i)
+                solution.undo(inner, total)
+                if delta is not None and delta < best_delta:
+                    best, best_delta = i, delta
+            if best is not None:
+                solution.switch(user, best)
+                stale = stale or solution.is_stale(user, best)
+        if solution.total < before - 1e-15 and (not stale or solution.renumber()):
             accepted += 1
         else:
             solution.undo(mark, before)
