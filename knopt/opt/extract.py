@@ -331,7 +331,8 @@ def _gather_shared(solution: _Solution) -> int:
 
     The converse of `_inline_shared`. A merged op (rules/merge.egg) computes several needed
     classes at once and pays only once all of them read it: moving one reader at a time never
-    helps, so no single switch finds it.
+    helps, so no single switch finds it. The shared class then takes its best node: the greedy
+    pass chose one for it while it was outside the program, by estimates.
     """
     p = solution.p
     accepted = 0
@@ -357,12 +358,29 @@ def _gather_shared(solution: _Solution) -> int:
             if best is not None:
                 solution.switch(user, best)
                 stale = stale or solution.is_stale(user, best)
-        if solution.total < before - 1e-15 and (not stale or solution.renumber()):
+        acyclic = not stale or solution.renumber()
+        if acyclic and solution.refs.get(shared, 0) > 0:
+            _rechoose(solution, shared)
+        if acyclic and solution.total < before - 1e-15:
             accepted += 1
         else:
             solution.undo(mark, before)
             solution.position = numbering
     return accepted
+
+
+def _rechoose(solution: _Solution, cls: int) -> None:
+    """Switch `cls` to its best node in the current program, if that is cheaper."""
+    best, best_delta = None, -1e-15
+    for i in range(len(solution.p.nodes[cls])):
+        mark, total = solution.mark(), solution.total
+        delta = _try(solution, cls, i)
+        solution.undo(mark, total)
+        if delta is not None and delta < best_delta:
+            best, best_delta = i, delta
+    if best is not None:
+        solution.switch(cls, best)
+        solution.accept(cls, best)
 
 
 def extract(
