@@ -199,9 +199,8 @@ def test_attention_projections_of_fixtures_are_one_gemm_per_layer(file: str) -> 
     fixture = next(f for f in fixtures() if f.file == file)
     graph = knopt.load(fixture.path)
     result = knopt.optimize(graph, profile="h200", ilp=False)
-    launches = [k for k in result.program.launches() if k.op is not None]
-    attention = sum(k.op.name == "Attention" for k in launches)
-    matmuls = sum(k.op.name == "MatMul" for k in launches)
+    main_ops = [k.op.name for k in result.program.launches() if k.op is not None]
+    attention, matmuls = main_ops.count("Attention"), main_ops.count("MatMul")
     # Per layer: Q, K and V as one GEMM, the output projection and the two of the MLP (the
     # gate and up projections of LLaMA's are one already; phase 1 merges them).
     per_layer = 4
