@@ -28,13 +28,13 @@ def _weight(g: GraphBuilder, *shape: int) -> Value:
 
 
 def _projections(
-    g: GraphBuilder, widths: Sequence[int], *, bias: bool = True, x: Value | None = None
+    g: GraphBuilder, widths: Sequence[int], *, bias: bool = True, rows: int = 10, depth: int = D
 ) -> list[Value]:
-    """x @ w_i (+ b_i) for each width, on a flat [rows, D] input as exporters view one."""
-    x = x if x is not None else g.input("x", (10, D), F32)
+    """x @ w_i (+ b_i) for each width, on a flat [rows, depth] input as exporters view one."""
+    x = g.input("x", (rows, depth), F32)
     outs = []
     for n in widths:
-        y = g.matmul(x, _weight(g, D, n))
+        y = g.matmul(x, _weight(g, depth, n))
         outs.append(g.add(y, _weight(g, n)) if bias else y)
     return outs
 
@@ -68,6 +68,15 @@ def test_projections_with_biases_become_one_gemm(profile: str) -> None:
     assert _fired(result, "merge-biases") == 2
     assert _kinds(result) == ["matmul"], _kinds(result)  # the biases are its epilogue
     assert result.graph.op_histogram().get("Slice") == 3
+
+
+@pytest.mark.parametrize("profile", ["h200", "h200-graph"])
+def test_bert_base_projections_at_batch_1_become_one_gemm(profile: str) -> None:
+    # 128 tokens, hidden 768: three GEMMs cost 3 * (launch + 3.0 us of f32 arithmetic) on an
+    # H200, one over the concatenated weights launch + 8.9 us.
+    graph = graph_of(lambda g: _projections(g, (768,) * 3, rows=128, depth=768))
+    result = knopt.optimize(graph, profile=profile, ilp=False)
+    assert _kinds(result) == ["matmul"]
 
 
 def test_projections_without_biases_become_one_gemm() -> None:
@@ -111,6 +120,19 @@ def test_a_shared_activation_merges_into_the_gemm_epilogue() -> None:
     result = _optimize(graph_of(build))
     assert _fired(result, "merge-activations") == 1
     assert _kinds(result) == ["matmul"]
+
+
+def test_merging_that_loses_an_epilogue_is_left_to_the_cost_model() -> None:
+    # Merged, the GELU of one part runs as a kernel of its own: two launches either way, and
+    # more memory traffic, so extraction keeps the two GEMMs, each with its epilogue.
+    def build(g: GraphBuilder) -> list[Value]:
+        y, z = _projections(g, (8, 12))
+        return [g.unary(Unary.GELU_TANH, y), z]
+
+    result = _optimize(graph_of(build))
+    assert _fired(result, "merge-biases") == 1
+    assert _kinds(result) == ["matmul", "matmul"]
+    assert "Slice" not in result.graph.op_histogram()
 
 
 def test_chains_grow_linearly_with_the_number_of_siblings() -> None:
