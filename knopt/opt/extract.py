@@ -358,9 +358,13 @@ def _gather_shared(solution: _Solution) -> int:
             if best is not None:
                 solution.switch(user, best)
                 stale = stale or solution.is_stale(user, best)
-        acyclic = not stale or solution.renumber()
-        if acyclic and solution.refs.get(shared, 0) > 0:
-            _rechoose(solution, shared)
+        # Renumbering costs a pass over every class: first see whether the move can pay at all.
+        hope = min([0.0, *(d for _, d in _deltas(solution, shared))])
+        acyclic = False
+        if solution.refs.get(shared, 0) > 0 and solution.total + hope < before - 1e-15:
+            acyclic = not stale or solution.renumber()
+            if acyclic:
+                _rechoose(solution, shared)
         if acyclic and solution.total < before - 1e-15:
             accepted += 1
         else:
@@ -369,17 +373,29 @@ def _gather_shared(solution: _Solution) -> int:
     return accepted
 
 
+def _deltas(solution: _Solution, cls: int) -> list[tuple[int, float]]:
+    """The change of cost of switching `cls` to each of its other nodes (cycles unchecked)."""
+    found = []
+    for i, kids in enumerate(solution.p.kids[cls]):
+        if i == solution.choice[cls] or not all(k in solution.choice for k in kids):
+            continue
+        mark, total = solution.mark(), solution.total
+        found.append((i, solution.switch(cls, i)))
+        solution.undo(mark, total)
+    return found
+
+
 def _rechoose(solution: _Solution, cls: int) -> None:
     """Switch `cls` to its best node in the current program, if that is cheaper."""
     best, best_delta = None, -1e-15
-    for i in range(len(solution.p.nodes[cls])):
+    for i, _ in sorted(_deltas(solution, cls), key=lambda pair: pair[1]):
         mark, total = solution.mark(), solution.total
         delta = _try(solution, cls, i)
-        solution.undo(mark, total)
         if delta is not None and delta < best_delta:
             best, best_delta = i, delta
+            break  # the cheapest acyclic one, trying the cheapest first
+        solution.undo(mark, total)
     if best is not None:
-        solution.switch(cls, best)
         solution.accept(cls, best)
 
 
