@@ -136,8 +136,8 @@ class _Flow:
 def _reason(flow: _Flow, kernel: Kernel) -> str | None:
     """What keeps a kernel next to a GEMM from joining it, or None if it touches no GEMM."""
     if kernel.kind in NORMS:
-        gemm = flow.gemm_of(kernel.inputs[0])
-        if gemm is not None and flow.only_reader(gemm.output):
+        gemms = [flow.gemm_of(t) for t in kernel.inputs]
+        if any(g is not None and flow.only_reader(g.output) for g in gemms):
             return REASONS[3]
         readers = flow.readers.get(kernel.output, [])
         if readers and all(r.kind in GEMMS for r in readers):
