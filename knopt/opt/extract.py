@@ -9,10 +9,10 @@ however many readers it has (DAG cost). Three steps:
 2. **Local search** with exact costs: reference counts track which classes the program needs,
    and moves are (a) switching one class to another node, (b) having every reader of a shared
    class stop reading it (inlining a cheap intermediate), (c) the converse, having every
-   needed class that could read a class outside the program read it (a merged op, which pays
-   only once all its parts read it). A move that would make a cycle is
-   refused: a topological numbering of the current choice answers most checks at once, a
-   bounded search the rest. The original program is a second starting point, so the result is
+   needed class that could read a class outside the program read it, which then takes its
+   best node (a merged op, which pays only once all its parts read it). A move that would make
+   a cycle is refused: a topological numbering of the current choice answers most checks at
+   once, a bounded search the rest. The original program is a second starting point, so the result is
    never estimated worse than the input.
 3. **ILP** (HiGHS through highspy, knopt/opt/ilp.py) when the e-graph is small enough, with
    explicit acyclicity constraints, warm-started from step 2 and time-limited.
@@ -331,16 +331,17 @@ def _gather_shared(solution: _Solution) -> int:
 
     The converse of `_inline_shared`. A merged op (rules/merge.egg) computes several needed
     classes at once and pays only once all of them read it: moving one reader at a time never
-    helps, so no single switch finds it. The shared class then takes its best node: the greedy
-    pass chose one for it while it was outside the program, by estimates.
+    helps, so no single switch finds it. The class read then takes its best node: the greedy
+    pass chose one for it while it was outside the program, by estimates (which is why even a
+    single reader is worth moving: a switch alone keeps that estimated choice).
     """
     p = solution.p
     accepted = 0
     for shared, readers in p.readers.items():
-        if solution.refs.get(shared, 0) > 0 or len(readers) < 2:
+        if solution.refs.get(shared, 0) > 0:
             continue
         users = [c for c in readers if solution.refs.get(c, 0) > 0]
-        if len(users) < 2:
+        if not users:
             continue
         mark, before = solution.mark(), solution.total
         numbering = solution.position  # see _inline_shared: one renumbering a move

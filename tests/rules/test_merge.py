@@ -135,6 +135,17 @@ def test_merging_that_loses_an_epilogue_is_left_to_the_cost_model() -> None:
     assert "Slice" not in result.graph.op_histogram()
 
 
+def test_a_part_read_by_an_activation_is_read_from_the_merged_gemm() -> None:
+    # K's bias joins the merged GEMM's epilogue and its Tanh reads K's slice: two kernels, not
+    # K's own GEMM again with the bias in the Tanh kernel.
+    def build(g: GraphBuilder) -> list[Value]:
+        q, k, v = _projections(g, (16, 8, 8))
+        return [q, g.unary(Unary.TANH, k), v]
+
+    result = _optimize(graph_of(build))
+    assert _kinds(result) == ["matmul", "tanh"], _kinds(result)
+
+
 def test_chains_grow_linearly_with_the_number_of_siblings() -> None:
     # Merging any two would make a merged op per subset (247 for 8 siblings); the chain makes 7.
     result = _optimize(graph_of(lambda g: _projections(g, (4,) * 8, bias=False)))
