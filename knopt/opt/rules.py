@@ -32,6 +32,7 @@ RULE_FILES = (
     "layernorm.egg",
     "activations.egg",
     "attention.egg",
+    "merge.egg",
     "fusion.egg",
 )
 SCHEDULE_FILE = "schedule.egg"

@@ -289,8 +289,29 @@ def _tanh_gelu_arg(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str |
 
 
 def _context_only(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
-    """A fact about where a tensor is read (softmax-addend, raw-scores): no value to check."""
+    """A fact about where a tensor is read or how siblings are ordered: no value to check.
+
+    Such are softmax-addend and raw-scores, and merge.egg's sibling-first and the like.
+    """
     return None
+
+
+def _plus_bias(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    s, y, b = args
+    total = ctx.values.value(y.id)
+    expected = total + np.broadcast_to(ctx.values.value(b.id), total.shape).astype(total.dtype)
+    return _close(ctx.values.value(s.id), expected, "y + b")
+
+
+def _merged_pair(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    m, y, e, axis = args
+    merged, first, second = (ctx.values.value(c.id) for c in (m, y, e))
+    if merged.ndim != first.ndim or not 0 <= axis < merged.ndim:
+        return f"axis {axis} of rank {merged.ndim}"
+    if merged.shape[axis] != first.shape[axis] + second.shape[axis]:
+        return f"sizes {merged.shape[axis]} != {first.shape[axis]} + {second.shape[axis]}"
+    head, tail = np.split(merged, [first.shape[axis]], axis=axis)
+    return _close(head, first, "the first part") or _close(tail, second, "the second part")
 
 
 Oracle = Callable[[FactContext, tuple[Any, ...], Any], "str | None"]
@@ -326,6 +347,12 @@ ORACLES: dict[str, Oracle] = {
     "tanh-gelu-arg": _tanh_gelu_arg,
     "softmax-addend": _context_only,
     "raw-scores": _context_only,
+    "merge-key": _constant,
+    "sibling-first": _context_only,
+    "sibling-after": _context_only,
+    "chain-end": _context_only,
+    "plus-bias": _plus_bias,
+    "merged-pair": _merged_pair,
 }
 
 
