@@ -30,6 +30,7 @@ RULE_FILES = (
     "activations.egg",
     "attention.egg",
     "fusion.egg",
+    "quantize.egg",
 )
 SCHEDULE_FILE = "schedule.egg"
 # Rulesets whose rules add facts (types, folded values) rather than rewrite: reports count
