@@ -39,6 +39,7 @@ from knopt.version import __version__
 if TYPE_CHECKING:
     from onnx import ModelProto
 
+    from knopt.cache import ProgramCache
     from knopt.opt.cost import DeviceProfile
 
 
@@ -62,29 +63,30 @@ def save(
     model: Graph | OptimizeResult,
     path: str | os.PathLike[str] | None = None,
     *,
-    kernels: bool = True,
+    kernels: bool = False,
     opset: int = DEFAULT_OPSET,
+    target: str = "onnx",
 ) -> ModelProto:
-    """Export a graph, or an optimization's result, as a standard ONNX model.
+    """Export a graph, or an optimization's result, as ONNX: recognised patterns as fused ops.
 
     Args:
-        model: A graph (saved as it is), or what `optimize` returned: its fused kernels become
-            model-local functions of the `knopt` domain, which onnxruntime runs and Netron
-            shows as kernels.
+        model: A graph, or what `optimize` returned (its optimized graph is saved).
         path: Where to write the model, or None to only return it.
-        kernels: For an optimization's result: False saves its optimized graph flat instead.
+        kernels: For an optimization's result: save the kernel grouping instead (each
+            fused kernel a `knopt`-domain function, to inspect fusion in Netron).
         opset: The version of the default ONNX domain to write (18 or newer). Symbolic sizes
             stay symbolic (dynamic axes keep working).
+        target: "onnx" for standard ops only; "onnxruntime" to also use onnxruntime's
+            com.microsoft fused ops.
 
     Raises:
         UnsupportedModelError: If the graph needs something the opset lacks.
         KnoptError: If the file cannot be written.
     """
-    if isinstance(model, Graph):
-        return save_onnx(model, path, opset=opset)
-    if not kernels:
-        return save_onnx(model.graph, path, opset=opset)
-    return save_kernels(model.graph, model.groups, model.group_kinds, path, opset=opset)
+    graph = model if isinstance(model, Graph) else model.graph
+    if kernels and isinstance(model, OptimizeResult):
+        return save_kernels(graph, model.groups, model.group_kinds, path, opset=opset)
+    return save_onnx(graph, path, opset=opset, target=target)
 
 
 def optimize(graph: Graph, **options: Any) -> OptimizeResult:
@@ -103,6 +105,7 @@ def compile(
     precision: str = "f32",
     optimize: bool | None = None,
     profile: str | os.PathLike[str] | DeviceProfile | None = None,
+    cache: str | os.PathLike[str] | ProgramCache | None = None,
 ) -> Session:
     """Prepare a model to run on a device.
 
@@ -115,21 +118,29 @@ def compile(
             is the reference that optimized programs are checked against.
         profile: The cost model for optimizing: "cpu", "h200", "h200-graph", a file written
             by `knopt calibrate`, or a `DeviceProfile` (default: the device's built-in one).
+        cache: When optimizing, a folder (or `knopt.cache.ProgramCache`) shared by processes:
+            each optimized program is read from it if there, else made and written for the
+            others (on cuda, with NVRTC's cubins). Entries of another knopt build, GPU or
+            model are ignored.
 
     Raises:
         KnoptError: If loading fails or the device is not available.
     """
     if isinstance(model, Graph):
-        return Session(model, device, precision=precision, optimize=optimize, profile=profile)
+        return Session(
+            model, device, precision=precision, optimize=optimize, profile=profile, cache=cache
+        )
     proto = load_model(model)
     try:
         graph = import_model(proto)
     except SymbolicSizeError:
         # Only fixed sizes import (an RNN over a dynamic sequence, ...): import at each run.
         return PerSizeSession(
-            proto, device, precision=precision, optimize=optimize, profile=profile
+            proto, device, precision=precision, optimize=optimize, profile=profile, cache=cache
         )
-    return Session(graph, device, precision=precision, optimize=optimize, profile=profile)
+    return Session(
+        graph, device, precision=precision, optimize=optimize, profile=profile, cache=cache
+    )
 
 
 __all__ = [

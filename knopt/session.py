@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from knopt.cache import ProgramCache, open_cache
 from knopt.cpu.executor import run_graph
 from knopt.errors import InputError, KnoptError
 from knopt.ir.bind import bind_symbols, infer_sizes
@@ -41,6 +42,8 @@ class Session:
         optimize: Optimize each bound graph first (default: on cuda only).
         profile: The cost model for optimizing: a built-in name, a `knopt calibrate` file or
             a `DeviceProfile` (default: "h200-graph" on cuda, "cpu" on cpu).
+        cache: A `knopt.cache.ProgramCache` or its folder: optimized programs are read from it
+            when present and written to it when made; on cuda it also holds NVRTC's cubins.
 
     Raises:
         KnoptError: If the device or precision is unknown, or "cuda" has no usable GPU.
@@ -54,10 +57,11 @@ class Session:
         precision: str = "f32",
         optimize: bool | None = None,
         profile: str | os.PathLike[str] | DeviceProfile | None = None,
+        cache: str | os.PathLike[str] | ProgramCache | None = None,
     ) -> None:
         self.graph = graph
         self._symbolic = bool(graph.symbols())
-        self._prepare(device, precision, optimize, profile)
+        self._prepare(device, precision, optimize, profile, cache)
 
     def _prepare(
         self,
@@ -65,6 +69,7 @@ class Session:
         precision: str,
         optimize: bool | None,
         profile: str | os.PathLike[str] | DeviceProfile | None,
+        cache: str | os.PathLike[str] | ProgramCache | None = None,
     ) -> None:
         """Set up the device, the caches and the optimizer options (everything but the graph)."""
         if device not in DEVICES:
@@ -96,6 +101,9 @@ class Session:
         )
         if self.optimize:
             self.profile = find_profile(self.profile)  # a bad name or file fails here, not later
+        self.cache: ProgramCache | None = None
+        if cache is not None:
+            self.cache = open_cache(cache, device)
 
     @property
     def input_names(self) -> list[str]:
@@ -156,7 +164,12 @@ class Session:
     def _optimize(self, graph: Graph) -> OptimizeResult:
         """The optimized form of a bound graph, made once (the device's cost model)."""
         if graph not in self._optimized:
-            self._optimized[graph] = optimize_graph(graph, profile=self.profile)
+            if self.cache is not None:
+                self._optimized[graph] = self.cache.optimize(
+                    graph, find_profile(self.profile), device=self.device, precision=self.precision
+                )
+            else:
+                self._optimized[graph] = optimize_graph(graph, profile=self.profile)
         return self._optimized[graph]
 
     def _graph_for(self, shapes: Mapping[str, Sequence[int]]) -> Graph:
@@ -180,7 +193,7 @@ class PerSizeSession(Session):
 
     Args:
         model: The ONNX model.
-        device, precision, optimize, profile: As for `Session`.
+        device, precision, optimize, profile, cache: As for `Session`.
 
     Raises:
         KnoptError: If the device or precision is unknown, or "cuda" has no usable GPU.
@@ -194,12 +207,13 @@ class PerSizeSession(Session):
         precision: str = "f32",
         optimize: bool | None = None,
         profile: str | os.PathLike[str] | DeviceProfile | None = None,
+        cache: str | os.PathLike[str] | ProgramCache | None = None,
     ) -> None:
         initializers = {t.name for t in model.graph.initializer}
         self.model = model
         self._input_names = [i.name for i in model.graph.input if i.name not in initializers]
         self._output_names = [o.name for o in model.graph.output]
-        self._prepare(device, precision, optimize, profile)
+        self._prepare(device, precision, optimize, profile, cache)
 
     @property
     def input_names(self) -> list[str]:

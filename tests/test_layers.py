@@ -8,12 +8,13 @@ inside functions. From the bottom up:
     cpu                   the numpy reference semantics of the IR (the oracle; folding uses it)
     onnx, opt             import/export; the optimizer (independent of each other)
     cuda, testing         the GPU backend; rule checking and fuzzing (independent of each other)
+    cache                 optimized programs on disk, shared between processes
     session, ...          what users call: sessions, calibration, the ONNX backend adapter,
-                          the package's functions, the commands and the CLI
+                          the package's functions, serving, the commands and the CLI
 
 A module may import modules of its own package and of lower layers only. A function-local
 import is allowed only for an optional part that needs extra packages (`knopt.cuda`: the CUDA
-packages; `knopt.testing`: hypothesis), never to hide a cycle.
+packages; `knopt.testing`: hypothesis; `knopt.serve`: Ray Serve), never to hide a cycle.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ LAYERS: list[set[str]] = [
     {"knopt.cpu"},
     {"knopt.onnx", "knopt.opt"},
     {"knopt.cuda", "knopt.testing"},
+    {"knopt.cache"},
     {"knopt.session"},
     {"knopt.calibrate", "knopt.onnx_backend"},
     {"knopt"},
+    {"knopt.serve"},
     {"knopt.commands"},
     {"knopt.cli"},
 ]
-OPTIONAL = ("knopt.cuda", "knopt.testing")  # may be imported inside functions
+OPTIONAL = ("knopt.cuda", "knopt.testing", "knopt.serve")  # may be imported inside functions
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from knopt.opt.terms import (
     graph_commands,
 )
 from knopt.testing import graph_from_seed
-from knopt.testing.sampler import SAMPLERS
+from knopt.testing.rulecheck.sampler import SAMPLERS
 
 OP_NAMES = frozenset(cls.__name__ for cls in OP_CLASSES)
 # schema.egg's name for each IR enum (the datatype its members are constructors of).
@@ -200,5 +200,5 @@ def test_every_elementwise_op_has_a_scalar_body() -> None:
 def test_every_schema_constructor_has_a_sampler() -> None:
     expected = OP_NAMES | {SPLAT}
     assert set(SAMPLERS) == expected, _missing(
-        "SAMPLERS (knopt/testing/sampler.py)", expected, set(SAMPLERS)
+        "SAMPLERS (knopt/testing/rulecheck/sampler.py)", expected, set(SAMPLERS)
     )

@@ -2,8 +2,8 @@
 
 from types import ModuleType
 
-from knopt.commands import calibrate, check_rules, demo, info, optimize, run
+from knopt.commands import calibrate, check_rules, compile, demo, info, optimize, run, serve
 
-COMMANDS: list[ModuleType] = [demo, optimize, info, run, calibrate, check_rules]
+COMMANDS: list[ModuleType] = [demo, optimize, info, run, calibrate, check_rules, compile, serve]
 
 __all__ = ["COMMANDS"]

@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from knopt.opt.rules import read_rule_file
+from knopt.errors import RuleFileError
+from knopt.opt.rules import generated_rules, read_rule_file
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -19,7 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Instantiate the left side of every named rule with random shapes and "
         "values, apply the rule alone, and compare both sides on the CPU executor. With "
         "FILE.egg arguments, only the rules of those files are checked (after the shipped "
-        "rules load). Exit status 1 if a rule is unsound (or, with --strict, unchecked).",
+        "rules load). Exit status 1 if a rule is unsound (or, with --strict, unchecked), or if "
+        "a file is refused as `optimize --rules` refuses it.",
     )
     parser.add_argument(
         "files",
@@ -53,11 +55,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--strict", action="store_true", help="fail (exit 1) when a rule could not be checked, too"
     )
     parser.add_argument("--quiet", action="store_true", help="print only what is not sound")
+    parser.add_argument(
+        "--show-generated",
+        action="store_true",
+        help="print the rules generated at load time from schema.egg (the per-op laws of "
+        "knopt/opt/laws.py) and exit",
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Check the rules and print one line per rule, then a summary."""
+    if args.show_generated:
+        return _show_generated()
     from knopt.testing.rulecheck import SOUND, UNCHECKED, UNSOUND, RuleReport, check_rules
 
     extra = [read_rule_file(path) for path in args.files]
@@ -70,15 +80,19 @@ def run(args: argparse.Namespace) -> int:
         if report.counterexample:
             print("    " + report.counterexample.replace("\n", "\n    "), flush=True)
 
-    reports = check_rules(
-        extra,
-        only_extra=bool(extra),
-        names=args.rule,
-        instances=args.instances,
-        seed=args.seed,
-        jobs=args.jobs,
-        progress=progress,
-    )
+    try:
+        reports = check_rules(
+            extra,
+            only_extra=bool(extra),
+            names=args.rule,
+            instances=args.instances,
+            seed=args.seed,
+            jobs=args.jobs,
+            progress=progress,
+        )
+    except RuleFileError as err:
+        print(f"REFUSED   {err}", file=sys.stderr)
+        return 1
     verdicts = {v: [r.name for r in reports if r.verdict == v] for v in (SOUND, UNSOUND, UNCHECKED)}
     summary = (
         f"{len(reports)} rules in {time.perf_counter() - began:.0f} s: {len(verdicts[SOUND])} "
@@ -90,3 +104,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"{verdict}: {', '.join(verdicts[verdict])}", file=sys.stderr)
     failed = bool(verdicts[UNSOUND]) or (args.strict and bool(verdicts[UNCHECKED]))
     return 1 if failed else 0
+
+
+def _show_generated() -> int:
+    """Print, per shipped rule file, the rules generated into it."""
+    for name, sections in generated_rules().items():
+        for text in sections:
+            print(f";; ---- in {name} ----\n{text}\n")
+    return 0

@@ -72,9 +72,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-ilp", action="store_true", help="skip the exact ILP extraction")
     parser.add_argument(
-        "--flat",
+        "--target",
+        choices=["onnx", "onnxruntime"],
+        default="onnx",
+        help="the runtime the output is for: standard ops only (onnx, the default), or also "
+        "onnxruntime's com.microsoft fused ops",
+    )
+    parser.add_argument(
+        "--kernels",
         action="store_true",
-        help="save plain ops, without the fused kernels as ONNX functions",
+        help="save each fused kernel as a `knopt`-domain function instead, to inspect the "
+        "fusion in Netron",
     )
     parser.add_argument(
         "--opset",
@@ -107,15 +115,23 @@ def run(args: argparse.Namespace) -> int:
         ilp=not args.no_ilp,
     )
     report = result.report
+    report.onnx_nodes_before = len(model.graph.node)
+    if args.output:
+        opset = args.opset or max(18, default_opset(model))
+        saved = knopt.save(
+            result, args.output, kernels=args.kernels, opset=opset, target=args.target
+        )
+        report.onnx_nodes_after = len(saved.graph.node)
     if args.explain:
         print(format_report(report))
     if args.report_json:
         args.report_json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    if args.output:
-        opset = args.opset or max(18, default_opset(model))
-        knopt.save(result, args.output, kernels=not args.flat, opset=opset)
+    onnx_nodes = f"{report.onnx_nodes_before} ONNX nodes"
+    if report.onnx_nodes_after is not None:
+        onnx_nodes = f"{report.onnx_nodes_before} -> {report.onnx_nodes_after} ONNX nodes"
     summary = (
-        f"{args.model.name}: {report.nodes_before} -> {report.nodes_after} nodes, estimated "
+        f"{args.model.name}: {onnx_nodes} ({report.nodes_before} -> "
+        f"{report.nodes_after} IR nodes, {report.kernels} kernels), estimated "
         f"{report.cost_before * 1e6:.1f} -> {report.cost_after * 1e6:.1f} us "
         f"({report.profile}) in {report.seconds:.2f} s"
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 
 from knopt.errors import KnoptError
@@ -51,7 +52,7 @@ def _retype(dtype: DType, target: DType) -> DType:
 def _narrow_array(array: np.ndarray, target: DType) -> np.ndarray:
     if array.dtype != np.float32:
         return array
-    limit = float(np.finfo(target.numpy).max)
+    limit = float(ml_dtypes.finfo(target.numpy).max)
     finite = np.isfinite(array)
     clipped = np.where(finite, np.clip(array, -limit, limit), array)
     return clipped.astype(target.numpy)
@@ -63,7 +64,7 @@ def _expr(expr: Expr | None, target: DType) -> Expr | None:
     if isinstance(expr, Const):
         if expr.dtype is not DType.F32:
             return expr
-        limit = float(np.finfo(target.numpy).max)
+        limit = float(ml_dtypes.finfo(target.numpy).max)
         value = expr.value if not np.isfinite(expr.value) else min(max(expr.value, -limit), limit)
         return Const(value, target)
     if isinstance(expr, UnaryE):

@@ -22,8 +22,6 @@ from knopt.ir.op import Input
 from knopt.ir.shape import Dim, Sym, sym
 from knopt.onnx.legalize import carry_narrow_floats
 
-INITIALIZER_MIN_ELEMENTS = 16  # smaller constants stay Constant nodes, readable in Netron
-
 
 class Emitter:
     """Collects the ONNX nodes and initializers of one exported graph.
@@ -49,25 +47,47 @@ class Emitter:
         """Name the ONNX nodes emitted next after the IR node `node`."""
         self._base = node.name or node.op.name
 
-    def op(self, op_type: str, inputs: Sequence[str], *, outputs: int = 1, **attrs: Any) -> str:
-        """Add an ONNX node and return the name of its first output.
+    def op(self, op_type: str, inputs: Sequence[str], *, domain: str = "", **attrs: Any) -> str:
+        """Add an ONNX node with one output and return the output's name.
 
         Args:
-            op_type: The op of the default domain.
+            op_type: The op.
             inputs: Value names; '' for an absent optional input.
-            outputs: How many outputs the node has (the first one is returned).
+            domain: The op's domain; '' for the default one.
             **attrs: The node's attributes; None values are left out.
         """
-        return self.op_outputs(op_type, inputs, outputs=outputs, **attrs)[0]
+        return self.op_outputs(op_type, inputs, domain=domain, **attrs)[0]
 
     def op_outputs(
-        self, op_type: str, inputs: Sequence[str], *, outputs: int = 1, **attrs: Any
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        *,
+        outputs: int | Sequence[bool] = 1,
+        domain: str = "",
+        **attrs: Any,
     ) -> list[str]:
-        """Add an ONNX node and return the names of all its outputs."""
+        """Add an ONNX node and return the names of its outputs.
+
+        Args:
+            op_type: The op.
+            inputs: Value names; '' for an absent optional input.
+            outputs: How many outputs the node has, or which of its outputs are wanted ('' is
+                written, and returned, for the others).
+            domain: The op's domain; '' for the default one.
+            **attrs: The node's attributes; None values are left out.
+        """
         name = self._unique(self._base, self._node_names)
-        results = [self._unique(f"{name}_output_{i}", self._value_names) for i in range(outputs)]
+        wanted = [True] * outputs if isinstance(outputs, int) else list(outputs)
+        while len(wanted) > 1 and not wanted[-1]:
+            wanted.pop()
+        results = [
+            self._unique(f"{name}_output_{i}", self._value_names) if keep else ""
+            for i, keep in enumerate(wanted)
+        ]
         kept = {key: value for key, value in attrs.items() if value is not None}
-        self.nodes.append(helper.make_node(op_type, list(inputs), results, name=name, **kept))
+        node = helper.make_node(op_type, list(inputs), results, name=name, domain=domain, **kept)
+        self.nodes.append(node)
         return results
 
     def carry_narrow_floats(self, start: int, types: dict[str, int]) -> None:
@@ -87,16 +107,17 @@ class Emitter:
         )
 
     def constant(self, array: np.ndarray) -> str:
-        """A value holding `array`: an initializer if large, else a Constant node (shared)."""
+        """A value holding `array`: an initializer, shared by every reader of equal contents.
+
+        Initializers rather than Constant nodes: a node is one more step for a runtime, and
+        onnxruntime, onnxsim and onnxslim all count it.
+        """
         array = np.asarray(array, order="C")  # not ascontiguousarray: it makes 0-d 1-d
         key = (array.dtype.str, tuple(array.shape), array.tobytes())
         if (found := self._constants.get(key)) is not None:
             return found
-        if array.size >= INITIALIZER_MIN_ELEMENTS:
-            name = self._unique(f"{self._base}_weight", self._value_names)
-            self.initializers.append(numpy_helper.from_array(array, name))
-        else:
-            name = self.op("Constant", [], value=numpy_helper.from_array(array, "value"))
+        name = self._unique(f"{self._base}_weight", self._value_names)
+        self.initializers.append(numpy_helper.from_array(array, name))
         self._constants[key] = name
         return name
 

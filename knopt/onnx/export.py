@@ -1,125 +1,195 @@
-"""Saving IR graphs as standard ONNX models that onnxruntime runs with the same results.
+"""Saving optimized IR graphs as the ONNX a careful engineer would write by hand.
 
-Every IR node becomes one or a few standard ONNX nodes named after it (`knopt.onnx.export_ops`).
-Symbolic sizes stay symbolic: input and output axes carry them as `dim_param`s, and the ops that
-hold them as attributes compute them from the inputs' shapes at run time.
+Every recognised pattern becomes the fused op of the target opset where one exists
+(`knopt.onnx.export_fused`; for onnxruntime also its com.microsoft ops, `export_ort`), every
+other op its shortest standard spelling (`export_layout`): broadcasting stays implicit and
+sizes stay symbolic. Graph inputs and outputs keep their names and their dynamic axes, which
+become `dim_param`s; ONNX nodes are named after the nodes they come from.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Sequence
 
 import onnx
 from onnx import helper
 
 from knopt.errors import CodegenError, KnoptError, UnsupportedModelError
 from knopt.ir.dtype import DType
-from knopt.ir.graph import Graph, Node, Value
+from knopt.ir.graph import Graph, Value
 from knopt.ir.shape import Sym
 from knopt.onnx.emitter import Emitter
-from knopt.onnx.export_ops import EXPORTERS
+from knopt.onnx.export_attention import ATTENTION_PATTERNS
+from knopt.onnx.export_fused import STANDARD, Patterns
+from knopt.onnx.export_integer import INTEGER_PATTERNS
+from knopt.onnx.export_layout import HANDLERS
+from knopt.onnx.export_ort import ORT_PATTERNS
+from knopt.onnx.export_tidy import without_unused
+from knopt.onnx.writer import Target, Writer
 from knopt.version import __version__
 
 DEFAULT_OPSET = 18
 MIN_OPSET = 18  # Reduce* take their axes as inputs, and ScatterElements has max/min, from 18
-_NARROW_FLOATS = frozenset({DType.BF16, DType.F16})
+NARROW_FLOATS = frozenset({DType.BF16, DType.F16})
 
 
 def save_onnx(
-    graph: Graph, path: str | os.PathLike[str] | None = None, *, opset: int = DEFAULT_OPSET
+    graph: Graph,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    opset: int = DEFAULT_OPSET,
+    target: Target | str = Target.ONNX,
 ) -> onnx.ModelProto:
-    """Convert `graph` into a standard ONNX model, and write it to `path` if one is given.
+    """Convert `graph` into an ONNX model, and write it to `path` if one is given.
 
     Args:
         graph: The graph to export; symbolic sizes must each be the size of some input axis.
         path: Where to write the model, or None to only return it.
         opset: The version of the default ONNX domain to write (18 or newer).
+        target: "onnx" for standard ops only, "onnxruntime" to also use onnxruntime's
+            com.microsoft fused ops.
 
     Returns:
-        The model, already checked by `onnx.checker`.
+        The model, already checked by `onnx.checker` (full check).
 
     Raises:
-        UnsupportedModelError: If the opset is too old or too new, or the graph needs
+        UnsupportedModelError: If the opset or target is unknown, or the graph needs
             something the opset lacks.
         CodegenError: If the model fails ONNX's checker (a knopt bug).
         KnoptError: If the file cannot be written.
     """
+    check_opset(opset)
+    model = write_model(graph, opset, parse_target(target))
+    check(model, graph.name)
+    if path is not None:
+        write_file(model, path)
+    return model
+
+
+def parse_target(target: Target | str) -> Target:
+    """The target called `target`.
+
+    Raises:
+        UnsupportedModelError: If there is no such target.
+    """
+    if isinstance(target, Target):
+        return target
+    try:
+        return Target(target)
+    except ValueError:
+        names = ", ".join(t.value for t in Target)
+        raise UnsupportedModelError(f"unknown export target '{target}'; choose {names}") from None
+
+
+def check_opset(opset: int) -> None:
+    """Raise UnsupportedModelError unless knopt can write `opset`."""
     newest = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= newest:
         raise UnsupportedModelError(
             f"cannot export at opset {opset}; choose one from {MIN_OPSET} to {newest}"
         )
-    model = _model(graph, opset)
+
+
+def check(model: onnx.ModelProto, what: str) -> None:
+    """Raise CodegenError unless `model` passes onnx's full check."""
     try:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as err:
-        raise CodegenError(f"exported graph '{graph.name}' is not valid ONNX: {err}") from err
-    if path is not None:
-        try:
-            onnx.save_model(model, os.fspath(path))
-        except OSError as err:
-            raise KnoptError(f"{path}: cannot write the model ({err.strerror})") from err
-    return model
+        raise CodegenError(f"exported graph '{what}' is not valid ONNX: {err}") from err
 
 
-def _model(
-    graph: Graph, opset: int, spans: dict[Node, tuple[int, int]] | None = None
-) -> onnx.ModelProto:
-    """The ONNX model of a graph; `spans` receives, per IR node, the range of its nodes."""
-    emitter = Emitter(graph, opset=opset)
-    names: dict[Value, str] = {}
-    types = {name: int(v.dtype) for name, v in zip(graph.input_names, graph.inputs, strict=True)}
+def write_file(model: onnx.ModelProto, path: str | os.PathLike[str]) -> None:
+    """Save `model` at `path`.
+
+    Raises:
+        KnoptError: If the file cannot be written.
+    """
+    try:
+        onnx.save_model(model, os.fspath(path))
+    except OSError as err:
+        raise KnoptError(f"{path}: cannot write the model ({err.strerror})") from err
+
+
+def write_model(graph: Graph, opset: int, target: Target) -> onnx.ModelProto:
+    """The ONNX model of `graph` (not checked)."""
+    w = Writer(graph, opset=opset, target=target)
+    patterns = patterns_for(target)
     for node in graph.nodes:
-        exporter = EXPORTERS.get(type(node.op))
-        if exporter is None:
-            raise UnsupportedModelError(f"{node.describe()}: op cannot be exported to ONNX")
-        emitter.begin(node)
-        start = len(emitter.nodes)
-        names[node.output] = exporter(emitter, node.op, node, [names[v] for v in node.inputs])
-        if any(v.dtype in _NARROW_FLOATS for v in (*node.inputs, node.output)):
-            emitter.carry_narrow_floats(start, types)
-        types[names[node.output]] = int(node.output.dtype)
-        if spans is not None:
-            spans[node] = (start, len(emitter.nodes))
-    _name_outputs(emitter, graph, names)
+        if w.has(node.output):
+            continue
+        w.em.begin(node)
+        rep = None
+        for pattern in patterns.get(type(node.op), ()):
+            if (rep := pattern(w, node)) is not None:
+                break
+        w.set(node.output, rep if rep is not None else HANDLERS[type(node.op)](w, node))
+    em = w.em
+    names = [w.exact(v) for v in graph.outputs]
+    if any(v.dtype in NARROW_FLOATS for v in graph.values()):
+        carry_floats(em, graph)
+    name_outputs(em, graph, names)
+    em.nodes, em.initializers = without_unused(em.nodes, em.initializers, graph.output_names)
+    return assemble(em, graph, opset)
+
+
+def patterns_for(target: Target) -> Patterns:
+    """The patterns to try, by the op class of the node they end at, most specific first."""
+    tables = [ORT_PATTERNS] if target is Target.ONNXRUNTIME else []
+    patterns: Patterns = {}
+    for table in [*tables, STANDARD, ATTENTION_PATTERNS, INTEGER_PATTERNS]:
+        for op_class, found in table.items():
+            patterns.setdefault(op_class, []).extend(found)
+    return patterns
+
+
+def carry_floats(em: Emitter, graph: Graph) -> None:
+    """Compute in float32 the nodes whose op lacks the graph's 16-bit float types."""
+    types = {name: int(v.dtype) for name, v in zip(graph.input_names, graph.inputs, strict=True)}
+    em.carry_narrow_floats(0, types)
+
+
+def assemble(em: Emitter, graph: Graph, opset: int) -> onnx.ModelProto:
+    """The model of the emitted nodes, with the graph's inputs and outputs."""
     proto = helper.make_graph(
-        emitter.nodes,
+        em.nodes,
         graph.name or "knopt",
-        [_value_info(name, v) for name, v in zip(graph.input_names, graph.inputs, strict=True)],
-        [_value_info(name, v) for name, v in zip(graph.output_names, graph.outputs, strict=True)],
-        initializer=emitter.initializers,
+        [value_info(name, v) for name, v in zip(graph.input_names, graph.inputs, strict=True)],
+        [value_info(name, v) for name, v in zip(graph.output_names, graph.outputs, strict=True)],
+        initializer=em.initializers,
     )
     opsets = [helper.make_opsetid("", opset)]
-    model = helper.make_model(
+    domains = {node.domain for node in em.nodes if node.domain}
+    opsets += [helper.make_opsetid(domain, 1) for domain in sorted(domains)]
+    return helper.make_model(
         proto,
         opset_imports=opsets,
         producer_name="knopt",
         producer_version=__version__,
-        ir_version=helper.find_min_ir_version_for(opsets),
+        ir_version=helper.find_min_ir_version_for(opsets[:1]),
     )
-    return model
 
 
-def _name_outputs(emitter: Emitter, graph: Graph, names: Mapping[Value, str]) -> None:
+def name_outputs(em: Emitter, graph: Graph, names: Sequence[str]) -> None:
     """Give the graph outputs their names: rename the producing node's output, or copy it."""
-    produced = {name: node for node in emitter.nodes for name in node.output}
+    produced = {name: node for node in em.nodes for name in node.output}
     renamed: dict[str, str] = {}
-    for out_name, value in zip(graph.output_names, graph.outputs, strict=True):
-        source = renamed.get(names[value], names[value])
+    for out_name, source in zip(graph.output_names, names, strict=True):
+        source = renamed.get(source, source)
         if source == out_name:
             continue
         if source in produced and source not in renamed.values():
             renamed[source] = out_name
         else:
-            emitter.op("Identity", [source])
-            emitter.nodes[-1].output[0] = out_name
-    for node in emitter.nodes:
+            em.op("Identity", [source])
+            em.nodes[-1].output[0] = out_name
+    for node in em.nodes:
         for field in (node.input, node.output):
             for i, name in enumerate(field):
                 field[i] = renamed.get(name, name)
 
 
-def _value_info(name: str, value: Value) -> onnx.ValueInfoProto:
+def value_info(name: str, value: Value) -> onnx.ValueInfoProto:
+    """The typed, shaped declaration of a graph input or output."""
     shape = [str(d) if isinstance(d, Sym) else int(d) for d in value.shape]
     return helper.make_tensor_value_info(name, int(value.dtype), shape)

@@ -38,19 +38,22 @@ def _silu(em: Emitter, x: str, dtype: DType) -> str:
 def _gelu(em: Emitter, x: str, dtype: DType) -> str:
     if em.opset >= _GELU_OPSET:
         return em.op("Gelu", [x])
-    # x * (1 + erf(x / sqrt 2)) / 2
-    scaled = em.op("Mul", [x, em.scalar(1 / np.sqrt(2.0), dtype)])
-    one_plus = em.op("Add", [em.op("Erf", [scaled]), em.scalar(1.0, dtype)])
-    return em.op("Mul", [em.op("Mul", [x, em.scalar(0.5, dtype)]), one_plus])
+    # x * (1 + erf(x / sqrt 2)) / 2, in the order onnxruntime's GeluFusion recognises (it
+    # needs the Div, not a Mul by 1 / sqrt 2).
+    root2 = em.op("Div", [x, em.scalar(np.sqrt(2.0), dtype)])
+    one_plus = em.op("Add", [em.op("Erf", [root2]), em.scalar(1.0, dtype)])
+    return em.op("Mul", [em.op("Mul", [x, one_plus]), em.scalar(0.5, dtype)])
 
 
 def _gelu_tanh(em: Emitter, x: str, dtype: DType) -> str:
     if em.opset >= _GELU_OPSET:
         return em.op("Gelu", [x], approximate="tanh")
-    # x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) / 2
-    cube = em.op("Mul", [em.op("Mul", [x, x]), x])
-    inner = em.op("Add", [x, em.op("Mul", [cube, em.scalar(0.044715, dtype)])])
-    tanh = em.op("Tanh", [em.op("Mul", [inner, em.scalar(_SQRT_2_OVER_PI, dtype)])])
+    # x/2 * (1 + tanh(sqrt(2 / pi) x * (1 + 0.044715 x^2))): the spelling onnxruntime's
+    # FastGeluFusion recognises at any opset (its x^3 spelling needs Pow from before opset
+    # 15), with operands in the order knopt's rules read back as GELU.
+    inner = em.op("Mul", [em.op("Mul", [x, em.scalar(0.044715, dtype)]), x])
+    scaled = em.op("Mul", [x, em.scalar(_SQRT_2_OVER_PI, dtype)])
+    tanh = em.op("Tanh", [em.op("Mul", [scaled, em.op("Add", [inner, em.scalar(1.0, dtype)])])])
     one_plus = em.op("Add", [tanh, em.scalar(1.0, dtype)])
     return em.op("Mul", [em.op("Mul", [x, em.scalar(0.5, dtype)]), one_plus])
 

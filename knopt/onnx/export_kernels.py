@@ -1,7 +1,8 @@
 """A kernel program as ONNX, each fused kernel a model-local function of the `knopt` domain.
 
-The functions' bodies are standard ops, so onnxruntime runs the model and Netron shows the
-kernels.
+An inspection format: Netron shows each kernel as one node that opens onto its body. The
+bodies are standard ops, one IR node after the other (`knopt.onnx.export_ops`), so
+onnxruntime runs the model too, but `knopt.onnx.export` writes faster files.
 """
 
 from __future__ import annotations
@@ -12,9 +13,19 @@ from collections.abc import Mapping
 import onnx
 from onnx import helper
 
-from knopt.errors import CodegenError, KnoptError
-from knopt.ir.graph import Graph, Node
-from knopt.onnx.export import DEFAULT_OPSET, _model
+from knopt.errors import UnsupportedModelError
+from knopt.ir.graph import Graph, Node, Value
+from knopt.onnx.emitter import Emitter
+from knopt.onnx.export import (
+    DEFAULT_OPSET,
+    NARROW_FLOATS,
+    assemble,
+    check,
+    check_opset,
+    name_outputs,
+    write_file,
+)
+from knopt.onnx.export_ops import EXPORTERS
 
 DOMAIN = "knopt"
 
@@ -38,11 +49,13 @@ def save_kernels(
         opset: The version of the default ONNX domain.
 
     Raises:
+        UnsupportedModelError: If the opset is unknown or the graph needs something it lacks.
         CodegenError: If the result is not valid ONNX (a knopt bug).
         KnoptError: If the file cannot be written.
     """
+    check_opset(opset)
     spans: dict[Node, tuple[int, int]] = {}
-    model = _model(graph, opset, spans)
+    model = _per_node_model(graph, opset, spans)
     nodes = list(model.graph.node)
     owner: dict[int, int] = {}
     for node in graph.nodes:
@@ -51,8 +64,8 @@ def save_kernels(
             start, end = spans[node]
             owner.update(dict.fromkeys(range(start, end), key))
     for i, node in enumerate(nodes):
-        # Constants and size arithmetic are shared by several kernels: they stay outside.
-        if node.op_type == "Constant" or node.name.startswith("size_"):
+        # Size arithmetic is shared by several kernels: it stays outside.
+        if node.name.startswith("size_"):
             owner.pop(i, None)
     members: dict[int, list[int]] = {}
     for i, key in sorted(owner.items()):
@@ -80,16 +93,35 @@ def save_kernels(
     model.graph.node.extend(new_nodes)
     model.functions.extend(functions)
     model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-    try:
-        onnx.checker.check_model(model, full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as err:
-        raise CodegenError(f"kernel program of '{graph.name}' is not valid ONNX: {err}") from err
+    check(model, f"kernel program of {graph.name}")
     if path is not None:
-        try:
-            onnx.save_model(model, os.fspath(path))
-        except OSError as err:
-            raise KnoptError(f"{path}: cannot write the model ({err.strerror})") from err
+        write_file(model, path)
     return model
+
+
+def _per_node_model(
+    graph: Graph, opset: int, spans: dict[Node, tuple[int, int]]
+) -> onnx.ModelProto:
+    """The model with each IR node written on its own.
+
+    `spans` receives, per IR node, the range of its ONNX nodes.
+    """
+    emitter = Emitter(graph, opset=opset)
+    names: dict[Value, str] = {}
+    types = {name: int(v.dtype) for name, v in zip(graph.input_names, graph.inputs, strict=True)}
+    for node in graph.nodes:
+        exporter = EXPORTERS.get(type(node.op))
+        if exporter is None:
+            raise UnsupportedModelError(f"{node.describe()}: op cannot be exported to ONNX")
+        emitter.begin(node)
+        start = len(emitter.nodes)
+        names[node.output] = exporter(emitter, node.op, node, [names[v] for v in node.inputs])
+        if any(v.dtype in NARROW_FLOATS for v in (*node.inputs, node.output)):
+            emitter.carry_narrow_floats(start, types)
+        types[names[node.output]] = int(node.output.dtype)
+        spans[node] = (start, len(emitter.nodes))
+    name_outputs(emitter, graph, [names[v] for v in graph.outputs])
+    return assemble(emitter, graph, opset)
 
 
 def _function(

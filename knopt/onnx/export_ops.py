@@ -226,17 +226,20 @@ def _onnx_pads(pads: tuple[tuple[int, int], ...]) -> list[int]:
     return [b for b, _ in pads] + [a for _, a in pads]
 
 
+def conv_attributes(op: ops.Conv) -> dict[str, Any]:
+    """The attributes of the ONNX Conv (and FusedConv) that computes `op`."""
+    return {
+        "strides": list(op.strides),
+        "pads": _onnx_pads(op.pads),
+        "dilations": list(op.dilations),
+        "group": op.groups,
+    }
+
+
 def _conv(em: Emitter, op: ops.Conv, node: Node, args: list[str]) -> str:
     if not node.output.dtype.is_float:
         return _integer_conv(em, op, node, args)
-    return em.op(
-        "Conv",
-        args,
-        strides=list(op.strides),
-        pads=_onnx_pads(op.pads),
-        dilations=list(op.dilations),
-        group=op.groups,
-    )
+    return em.op("Conv", args, **conv_attributes(op))
 
 
 # ONNX Conv is for floats only, and ConvInteger for 8-bit operands; the int32 convolutions of
@@ -302,7 +305,7 @@ def _softmax(em: Emitter, op: ops.Softmax, node: Node, args: list[str]) -> str:
     return em.op("Softmax", args, axis=op.axis)
 
 
-def _ones(em: Emitter, node: Node, axis: int) -> str:
+def ones(em: Emitter, node: Node, axis: int) -> str:
     """A scale of ones over the normalized axes `axis...` of the node's input."""
     dims = node.inputs[0].shape[axis:]
     dtype = node.output.dtype
@@ -313,19 +316,28 @@ def _ones(em: Emitter, node: Node, axis: int) -> str:
 
 
 def _layer_norm(em: Emitter, op: ops.LayerNorm, node: Node, args: list[str]) -> str:
-    scale = _ones(em, node, op.axis)
+    scale = ones(em, node, op.axis)
     return em.op("LayerNormalization", [args[0], scale], axis=op.axis, epsilon=op.eps)
 
 
 def _rms_norm(em: Emitter, op: ops.RmsNorm, node: Node, args: list[str]) -> str:
+    return rms_norm(em, op, node, args[0], ones(em, node, op.axis))
+
+
+def rms_norm(em: Emitter, op: ops.RmsNorm, node: Node, x: str, scale: str) -> str:
+    """`op` on `x`, times `scale` (of the normalized axes' shape).
+
+    RMSNormalization from opset 23; before it, the spelling that onnxruntime fuses into its
+    SimplifiedLayerNormalization.
+    """
     if em.opset >= _RMS_NORM_OPSET:
-        scale = _ones(em, node, op.axis)
-        return em.op("RMSNormalization", [args[0], scale], axis=op.axis, epsilon=op.eps)
-    x, dtype = args[0], node.output.dtype
+        return em.op("RMSNormalization", [x, scale], axis=op.axis, epsilon=op.eps)
+    dtype = node.output.dtype
     axes = em.ints(list(range(op.axis, node.output.rank)))
-    mean_square = em.op("ReduceMean", [em.op("Mul", [x, x]), axes], keepdims=1)
+    square = em.op("Pow", [x, em.scalar(2.0, dtype)])
+    mean_square = em.op("ReduceMean", [square, axes], keepdims=1)
     root = em.op("Sqrt", [em.op("Add", [mean_square, em.scalar(op.eps, dtype)])])
-    return em.op("Div", [x, root])
+    return em.op("Mul", [em.op("Div", [x, root]), scale])
 
 
 def _attention(em: Emitter, op: ops.Attention, node: Node, args: list[str]) -> str:

@@ -36,6 +36,9 @@ def carry_narrow_floats(
     """
     result: list[onnx.NodeProto] = []
     for node in nodes:
+        if node.domain:  # onnxruntime's ops take what its kernels take
+            result.append(node)
+            continue
         schema = defs.get_schema(node.op_type, opset, "")
         narrow = _unsupported_params(schema, node, types)
         if not narrow:

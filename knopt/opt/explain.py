@@ -10,11 +10,16 @@ from knopt.opt.report_html import to_html as to_html
 from knopt.opt.rules import FACT_RULESETS
 
 
+def _count(nodes: int | None) -> str:
+    return "-" if nodes is None else str(nodes)
+
+
 def format_report(report: OptimizeReport) -> str:
     """The report as text for a person."""
     lines = [
         f"optimized with the {report.profile} cost model in {report.seconds:.2f} s",
-        f"  nodes: {report.nodes_before} -> {report.nodes_after}    "
+        f"  ONNX nodes: {_count(report.onnx_nodes_before)} -> {_count(report.onnx_nodes_after)}"
+        f"    IR nodes: {report.nodes_before} -> {report.nodes_after}    "
         f"estimated time: {_us(report.cost_before)} -> {_us(report.cost_after)}"
         f"{_ratio(report.cost_before, report.cost_after)}",
         f"  saturation: {report.egraph_nodes} e-nodes, "

@@ -89,7 +89,7 @@ class _Rebuilder:
         if decode is None:
             raise OptimizeError(
                 f"e-class {cls}: {node.op} has no IR op to rebuild; add its decoder to "
-                "DECODERS in knopt/opt/rebuild.py"
+                "DECODERS in knopt/opt/terms.py"
             )
         op = decode(self, node.args)
         inputs = [self.values[k] for k in node.children()]

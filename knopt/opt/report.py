@@ -28,6 +28,8 @@ class OptimizeReport:
     rulesets: dict[str, str] = field(default_factory=dict)  # rule name -> its ruleset
     nodes_before: int = 0
     nodes_after: int = 0
+    onnx_nodes_before: int | None = None  # of the model loaded, when optimizing a file
+    onnx_nodes_after: int | None = None  # of the model saved, once saved
     cost_before: float = 0.0
     cost_after: float = 0.0
     seconds: float = 0.0
@@ -50,6 +52,8 @@ class OptimizeReport:
             "rulesets": self.rulesets,
             "nodes_before": self.nodes_before,
             "nodes_after": self.nodes_after,
+            "onnx_nodes_before": self.onnx_nodes_before,
+            "onnx_nodes_after": self.onnx_nodes_after,
             "cost_before": self.cost_before,
             "cost_after": self.cost_after,
             "seconds": self.seconds,

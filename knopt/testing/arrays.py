@@ -2,11 +2,13 @@
 
 Zeros hide bugs (a dropped term times zero is still zero) and large values hide nothing but
 overflow, so floats are drawn with magnitudes in `[low, high]` and a random sign, integers from
-a small range without zero, and bools at random.
+a small range without zero, and bools at random. Where overflow is the point (a rule that is
+wrong only when a sum or product wraps), `limit_inputs` draws integers near their limits.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -53,6 +55,46 @@ def random_inputs(graph: Graph, rng: np.random.Generator) -> dict[str, np.ndarra
         if shape is None:
             raise InputError(f"input '{name}' has symbolic sizes {value.shape}; bind them first")
         feeds[name] = random_array(rng, shape, value.dtype)
+    return feeds
+
+
+def limit_array(rng: np.random.Generator, shape: Sequence[int], dtype: DType) -> np.ndarray:
+    """Random non-zero integers of `dtype`, half of them at or near the type's limits.
+
+    The values near the limits are the extremes, one step inside them, about half of them
+    (sums overflow) and about the square root of the largest (products overflow), with both
+    signs where the type has them; the other half are small, as `random_array` draws them.
+
+    Raises:
+        ValueError: If `dtype` is not an integer type.
+    """
+    if not dtype.is_int:
+        raise ValueError(f"{dtype.name} is no integer type")
+    info = np.iinfo(dtype.numpy)
+    lo, hi = int(info.min), int(info.max)
+    root = math.isqrt(hi) + 1
+    near = {lo, lo + 1, hi - 1, hi, hi // 2 + 1, root, -root, lo // 2 - 1, -(hi // 2 + 1)}
+    pool = np.array(sorted(v for v in near if lo <= v <= hi and v != 0), dtype=dtype.numpy)
+    shape = tuple(shape)
+    small = random_array(rng, shape, dtype)
+    picked = pool[rng.integers(0, len(pool), shape)]
+    return np.where(rng.random(shape) < 0.5, picked, small).astype(dtype.numpy)
+
+
+def limit_inputs(graph: Graph, rng: np.random.Generator) -> dict[str, np.ndarray] | None:
+    """Inputs whose integers are near their types' limits (`limit_array`), other inputs random.
+
+    None if the graph has no integer input, so nothing would differ from `random_inputs`.
+
+    Raises:
+        InputError: If an input has a symbolic size (bind it first with `bind_symbols`).
+    """
+    if not any(value.dtype.is_int for value in graph.inputs):
+        return None
+    feeds = random_inputs(graph, rng)
+    for name, value in zip(graph.input_names, graph.inputs, strict=True):
+        if value.dtype.is_int:
+            feeds[name] = limit_array(rng, feeds[name].shape, value.dtype)
     return feeds
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -68,7 +69,7 @@ class Case:
 
 def _mask(case: Case, rng: np.random.Generator) -> np.ndarray:
     rank = len(case.lead) + 2
-    lowest = float(np.finfo(case.dtype.numpy).min)
+    lowest = float(ml_dtypes.finfo(case.dtype.numpy).min)
     if case.mask == "none":
         return np.zeros((1,) * rank, np.float32)
     if case.mask == "padding":

@@ -159,7 +159,7 @@ def test_kernel_onnx_runs_on_onnxruntime_and_reloads_in_knopt(
 ) -> None:
     result = knopt.optimize(knopt.load(fixture.path), profile="h200", ilp=False)
     path = tmp_path / "kernels.onnx"  # type: ignore[operator]
-    model = knopt.save(result, path)
+    model = knopt.save(result, path, kernels=True)
     assert model.functions and all(f.domain == "knopt" for f in model.functions)
     feeds = fixture.feeds()
     original = ort.InferenceSession(str(fixture.path), providers=["CPUExecutionProvider"])

@@ -204,7 +204,7 @@ def test_tiny_time_limit_stops_saturation_and_still_gives_a_correct_model(
     tmp_path: Path,
 ) -> None:
     fixture = BY_FILE["bert_ts14.onnx"]
-    # The limit is checked between steps; the first step (typing, about 30 ms) always runs.
+    # The limit is checked between slices; the first step (typing, about 30 ms) always runs.
     status, _, output, report = _cli(fixture, tmp_path, "--time-limit", "0.005", "--no-ilp")
     assert status == 0
     assert report["stopped_by"].startswith("time limit")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from knopt.cli import main
 from knopt.errors import RuleFileError
 from knopt.ir import Unary
 from knopt.opt.explain import format_report
+from knopt.opt.rules import shipped_rule_files
 from tests.oracle import assert_same, run_onnxruntime
 from tests.rules.helpers import F32, graph_of, optimize_and_compare
 
@@ -153,3 +155,11 @@ def test_rule_file_with_a_let_is_refused(tmp_path: Path) -> None:
     rules = _write(tmp_path, "lets.egg", "(let one (Splat 1.0 (vec-empty) (F32)))\n")
     with pytest.raises(RuleFileError, match=r"lets\.egg"):
         knopt.optimize(graph_of(_abs_of_abs_graph), rules=[rules])
+
+
+def test_every_file_a_shipped_rule_file_names_exists() -> None:
+    root = Path(knopt.__file__).resolve().parent.parent
+    path = re.compile(r"\b(?:rules|knopt|tests|benchmarks)/[\w./-]+\.\w+")
+    for rule_file in shipped_rule_files():
+        for named in path.findall(rule_file.text):
+            assert (root / named).exists(), f"{rule_file.name} names {named}, which is missing"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from knopt.ir import Binary, GraphBuilder, Unary, Value
+from knopt.ir import Binary, DType, GraphBuilder, Unary, Value
 from knopt.ir import op as ops
 from tests.rules.helpers import F32, Build, const, optimize_and_compare
 
@@ -83,3 +83,22 @@ def test_min_against_a_varying_constant_is_no_clamp(rng: np.random.Generator) ->
     result = optimize_and_compare(lambda g: g.binary(Binary.MIN, _x(g), g.constant(limits)), rng)
     assert result.count("MIN") == 1
     assert result.fired("min-is-clamp") == 0
+
+
+def test_integer_clamps_merge_when_they_share_an_integer(rng: np.random.Generator) -> None:
+    def build(g: GraphBuilder) -> Value:
+        return g.clamp(g.clamp(g.input("x", (4, 5), DType.I32), lo=-3.0, hi=2.0), lo=0.0)
+
+    result = optimize_and_compare(build, rng)
+    assert result.count("Clamp") == 1
+    assert result.fired("clamp-of-clamp-integer") > 0
+
+
+def test_integer_clamps_sharing_no_integer_stay_apart(rng: np.random.Generator) -> None:
+    # [-inf, 0.5] then [0.5, 2] clamps integers to 0 then to 1; merged, [0.5, 0.5] gives 0.
+    def build(g: GraphBuilder) -> Value:
+        return g.clamp(g.clamp(g.input("x", (4, 5), DType.I32), hi=0.5), lo=0.5, hi=2.0)
+
+    result = optimize_and_compare(build, rng)
+    assert result.count("Clamp") == 2
+    assert result.fired("clamp-of-clamp") == result.fired("clamp-of-clamp-integer") == 0

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from knopt.ir import DType, GraphBuilder, Reduction, Unary, Value, sym
+from knopt.ir import DType, GraphBuilder, PoolKind, Reduction, Unary, Value, sym
 from knopt.ir import op as ops
 from tests.rules.helpers import F32, Rewrite, check_rewrite, const, optimize_and_compare
 
@@ -225,3 +225,42 @@ def test_square_root_of_a_negative_splat_is_not_taken(rng: np.random.Generator) 
     with np.errstate(invalid="ignore"):
         result = optimize_and_compare(build, rng)
     assert result.fired("splat-sqrt") == 0
+
+
+_N = sym("n")
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda g, c: g.softmax(c, axis=1),
+        lambda g, c: g.layer_norm(c, axis=1, eps=1e-5),
+        lambda g, c: g.rms_norm(c, axis=1, eps=1e-5),
+        lambda g, c: g.cumsum(c, axis=0),
+        lambda g, c: g.cast(g.arg_reduce(c, axis=1, largest=True), F32),
+        lambda g, c: g.cast(g.arg_sort(c, axis=1), F32),
+        lambda g, c: g.view(
+            g.pool(
+                PoolKind.MAX,
+                g.view(c, (_N, 1, 4)),
+                kernel=(1,),
+                strides=(1,),
+                pads=((0, 0),),
+                dilations=(1,),
+            ),
+            (_N, 4),
+        ),
+    ],
+    ids=["softmax", "layer-norm", "rms-norm", "cumsum", "arg-reduce", "arg-sort", "pool"],
+)
+def test_op_of_a_symbolic_size_splat_is_not_folded(
+    build: Callable[[GraphBuilder, Value], Value], rng: np.random.Generator
+) -> None:
+    # These fold rules once lacked the (static e) guard: folding a splat of shape [n, 4] sent a
+    # symbolic shape to numpy, and optimize() raised a TypeError.
+    def graph(g: GraphBuilder) -> Value:
+        splat = g.scalar(2.0, F32, (_N, 4))
+        return g.add(g.input("x", (_N, 4), F32), build(g, splat))
+
+    result = optimize_and_compare(graph, rng, sizes={"n": 3})
+    assert result.count("Input") == 1

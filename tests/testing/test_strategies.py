@@ -14,7 +14,7 @@ from knopt.ir import Binary, Graph, Unary, format_graph, validate
 from knopt.ir.op import OP_CLASSES, BinaryOp, UnaryOp
 from knopt.opt.rules import shipped_rule_files
 from knopt.testing import graph_from_seed, graphs
-from knopt.testing.rulebook import read_rulebook
+from knopt.testing.rulecheck.rulebook import read_rulebook
 
 
 def _ops(graph: Graph) -> set[object]:

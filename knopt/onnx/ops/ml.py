@@ -9,6 +9,7 @@ conjunction of the decisions on its path.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 
@@ -206,7 +207,7 @@ def _tree_ensemble(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     count = attrs.int("n_targets")
     b = ctx.builder
     rows = x.shape[0]
-    info = np.finfo(x.dtype.numpy)
+    info = ml_dtypes.finfo(x.dtype.numpy)
     fill = {0: 0.0, 1: 0.0, 2: float(info.max), 3: float(info.min)}
     result = b.scalar(fill[aggregate], x.dtype, (rows, count))
     for root in roots:

@@ -1,0 +1,1 @@
+"""Side-by-side measurements of knopt against its peers; each module is a script."""

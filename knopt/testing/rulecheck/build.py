@@ -1,0 +1,217 @@
+"""Proposing an instance top-down and building it bottom-up.
+
+`Proposer` walks the pattern from its roots: each constructor's sampler proposes its
+attributes and the types of its tensor arguments, from the type its result should have.
+`Builder` then builds the graph with the `GraphBuilder`, which types every node with
+`Op.infer` and rejects what does not fit: operands that are not leaves first, then the leaves
+(which take the types of their built neighbours), then the op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from knopt.ir.dtype import DType
+from knopt.ir.graph import Graph, Value
+from knopt.ir.shape import Dim, sym
+from knopt.opt.terms import DECODERS
+from knopt.testing.arrays import random_array
+from knopt.testing.rulecheck.draft import Draft, size, sizes
+from knopt.testing.rulecheck.pattern import LEAVES
+from knopt.testing.rulecheck.sampler import DERIVED, SAMPLERS, Hint
+from knopt.testing.rulecheck.sexpr import Sym
+
+_SAME_TYPE = frozenset({"BinaryOp", "Where"})  # operands of one shape (and mostly one dtype)
+_INDEXED = {"Gather": 2, "Scatter": 3}  # ops with an index operand, and where their axis is
+
+
+class _Shim:
+    """What `DECODERS` needs of a rebuilder: sizes are integers, negative ones symbolic."""
+
+    def size(self, code: int) -> Dim:
+        """A size code as a size."""
+        return code if code >= 0 else sym(f"n{-code}")
+
+    def shape(self, codes: tuple[int, ...]) -> tuple[Dim, ...]:
+        """Size codes as a shape."""
+        return tuple(self.size(c) for c in codes)
+
+
+class Proposer:
+    """Proposes attributes and operand types top-down, from the roots' random types."""
+
+    def __init__(self, draft: Draft) -> None:
+        self.draft = draft
+
+    def known(self, arg: Any) -> tuple[bool, Any]:
+        """Whether an argument has a value yet, and the value."""
+        if isinstance(arg, Sym):
+            return (arg.name in self.draft.assign), self.draft.assign.get(arg.name)
+        return True, arg
+
+    def visit(self, var: str, hint: Hint) -> None:
+        """Propose `var`'s attributes and its operands' types from the type it should have."""
+        if var in self.draft.hints:
+            return
+        if var in self.draft.forced.dtypes:  # forced shapes are of leaves: `leaf` applies them
+            hint = Hint(hint.shape, DType[self.draft.forced.dtypes[var]], hint.bound)
+        self.draft.hints[var] = hint
+        call = self.draft.pattern.bindings.get(var)
+        if call is None:
+            return
+        signature = self.draft.book.signatures[call.name]
+        derived = DERIVED.get(call.name, frozenset())
+        fixed = {}
+        for i, (arg, sort) in enumerate(zip(call.args, signature.args, strict=True)):
+            if sort not in ("T", "TVec") and i not in derived:
+                ok, value = self.known(arg)
+                if ok:
+                    fixed[i] = value
+        attrs, child_hints = SAMPLERS[call.name](self.draft.sampling, hint, fixed)
+        self.draft.attrs[var] = attrs
+        for i, value in attrs.items():
+            arg = call.args[i]
+            if isinstance(arg, Sym) and arg.name not in self.draft.assign:
+                self.draft.assign[arg.name] = value
+        for i, arg in self.draft.tensor_args(var):
+            wanted = child_hints.get(i)
+            if wanted is None:
+                continue
+            if isinstance(wanted, list):
+                names = (
+                    [a.name for a in arg]
+                    if isinstance(arg, tuple)
+                    else self.draft.parts.setdefault(
+                        arg.name, [f"{arg.name}#{k}" for k in range(len(wanted))]
+                    )
+                )
+                for name, part in zip(names, wanted, strict=False):
+                    self.visit(name, part)
+            else:
+                self.visit(arg.name, wanted)
+
+    def sample(self) -> None:
+        """Propose every root a random type, and everything below it from there."""
+        for root in self.draft.roots():
+            self.visit(root, Hint(self.draft.sampling.shape(), self.draft.sampling.dtype()))
+
+
+class Builder:
+    """Builds the proposed instance bottom-up."""
+
+    def __init__(self, draft: Draft) -> None:
+        self.draft = draft
+
+    def leaf(self, var: str) -> Value:
+        """Build a leaf: an input, or a constant where the pattern asks for one."""
+        draft = self.draft
+        hint = draft.hints.get(var) or Hint(draft.sampling.shape(), DType.F32)
+        call = draft.pattern.bindings.get(var)
+        shape: tuple[Dim, ...] = hint.shape
+        if var in draft.hints:  # a sampled leaf takes the shape a repair forced, if any
+            shape = draft.forced.shapes.get(var, shape)
+        dtype = hint.dtype
+        if call is not None:
+            attrs = draft.attrs.get(var, {})
+            shape, dtype = tuple(attrs.get(1, shape)), DType[attrs.get(2, dtype.name)]
+        if hint.bound is not None:
+            data = draft.rng.integers(-hint.bound, hint.bound, sizes(shape)).astype(dtype.numpy)
+            return draft.builder.constant(data)
+        vector = var.split("#")[0]  # a Concat's part `xs#k` folds when `xs` does
+        constant = var in draft.constants or vector in draft.constants
+        kind = call.name if call is not None else ("Constant" if constant else "Input")
+        if kind == "Input":
+            draft.inputs += 1
+            return draft.builder.input(f"in{draft.inputs}", shape, dtype)
+        if kind == "Splat" or (kind == "Constant" and call is None and draft.sampling.boolean(0.2)):
+            value = draft.attrs.get(var, {}).get(0, draft.sampling.value())
+            return draft.builder.constant(np.full(sizes(shape), value, dtype.numpy))
+        return draft.builder.constant(random_array(draft.rng, sizes(shape), dtype))
+
+    def build(self, var: str) -> Value:
+        """Build `var` and what it needs: operands that are not leaves first, then the leaves.
+
+        The leaves come after the other operands because an elementwise op's leaves take the
+        type of its built operands; the op comes last.
+        """
+        stack = [(var, 0)]
+        while stack:
+            current, stage = stack.pop()
+            if current in self.draft.values:
+                continue
+            call = self.draft.pattern.bindings.get(current)
+            if call is None or call.name in LEAVES:
+                self.draft.values[current] = self.leaf(current)
+                continue
+            kids = [k for k in self.draft.children(current) if k not in self.draft.values]
+            if stage == 0:
+                stack.append((current, 1))
+                stack.extend((k, 0) for k in kids if not self.draft.is_leaf(k))
+            elif stage == 1:
+                if call.name in _SAME_TYPE:
+                    self.adapt_leaves(current, call.name)
+                if call.name in _INDEXED:
+                    self.bound_indices(current, call.name)
+                stack.append((current, 2))
+                stack.extend((k, 0) for k in kids)
+            else:
+                attrs = self.draft.attrs.get(current, {})
+                args = tuple(attrs.get(i) for i in range(len(call.args)))
+                op = DECODERS[call.name](_Shim(), args)
+                inputs = [self.draft.values[k] for k in self.draft.children(current)]
+                self.draft.values[current] = self.draft.builder.apply(op, inputs)
+        return self.draft.values[var]
+
+    def bound_indices(self, var: str, name: str) -> None:
+        """Keep a Gather's or Scatter's index leaf inside the axis of its built data."""
+        kids = self.draft.children(var)
+        axis = self.draft.attrs.get(var, {}).get(_INDEXED[name])
+        if (
+            kids[0] not in self.draft.values
+            or len(kids) < 2
+            or kids[1] in self.draft.values
+            or not isinstance(axis, int)
+            or not 0 <= axis < self.draft.values[kids[0]].rank
+        ):
+            return
+        length = size(self.draft.values[kids[0]].shape[axis])
+        old = self.draft.hints.get(kids[1])
+        if old is not None:
+            self.draft.hints[kids[1]] = Hint(old.shape, old.dtype, bound=length)
+
+    def adapt_leaves(self, var: str, name: str) -> None:
+        """Give unbuilt leaf operands of an elementwise op the type of a built operand."""
+        kids = self.draft.children(var)
+        built = [self.draft.values[k] for k in kids if k in self.draft.values]
+        if not built:
+            return
+        model = built[-1]
+        for index, kid in enumerate(kids):
+            if kid in self.draft.values or kid in self.draft.forced.shapes:
+                continue
+            if not self.draft.is_leaf(kid):
+                continue
+            dtype = model.dtype
+            if name == "Where" and index == 0:
+                dtype = DType.BOOL
+            elif name == "Where" and model.dtype is DType.BOOL and len(built) == 1:
+                dtype = self.draft.hints[kid].dtype if kid in self.draft.hints else dtype
+            shape = sizes(model.shape)
+            self.draft.hints[kid] = Hint(
+                shape, dtype, self.draft.hints[kid].bound if kid in self.draft.hints else None
+            )
+            call = self.draft.pattern.bindings.get(kid)
+            if call is not None:
+                for position, value in ((1, shape), (2, dtype.name)):
+                    arg = call.args[position]
+                    if isinstance(arg, Sym) and arg.name not in self.draft.forced.values:
+                        self.draft.assign[arg.name] = value
+                        self.draft.attrs.setdefault(kid, {})[position] = value
+
+    def graph(self) -> Graph:
+        """The instance graph, one output per root of the pattern."""
+        for index, root in enumerate(self.draft.roots()):
+            self.draft.builder.output(self.build(root), f"r{index}")
+        return self.draft.builder.build()
