@@ -66,14 +66,16 @@ class W4A16:
 
     def source(self) -> str:
         """The CUDA C++ of the module: the three kernels (including w4a16.cuh)."""
+        return "\n".join(self.kernel_sources())
+
+    def kernel_sources(self) -> tuple[str, str, str]:
+        """Each kernel's CUDA C++ on its own (gemv, gemm, reduce), as launches hold them."""
         gemv, gemm, reduce = self.kernel_names
         t = _C_TYPES[self.dtype]
-        return "\n".join(
-            [
-                render("w4a16_gemv.cu", NAME=gemv, T=t, BLOCK=self.block, WARPS=GEMV_WARPS),
-                render("w4a16_gemm.cu", NAME=gemm, T=t, BLOCK=self.block),
-                render("w4a16_reduce.cu", NAME=reduce, T=t),
-            ]
+        return (
+            render("w4a16_gemv.cu", NAME=gemv, T=t, BLOCK=self.block, WARPS=GEMV_WARPS),
+            render("w4a16_gemm.cu", NAME=gemm, T=t, BLOCK=self.block),
+            render("w4a16_reduce.cu", NAME=reduce, T=t),
         )
 
     def padded_k(self, k: int) -> int:

@@ -5,9 +5,11 @@ kernel's epilogue (the model's requantization or dequantization, bias, activatio
 whatever extraction fused) runs as one elementwise kernel over it. The integer paths are
 exact, so the CPU and the GPU agree bit for bit wherever the epilogue does.
 
-The general paths here need nothing of their operands: the products of centered int32
-operands by the direct kernels, and the int4 weight dequantized while planning. Faster paths
-take over where their conditions hold (knopt/cuda/gen/imma.py, knopt/cuda/gen/int4.py).
+The fast paths: IntMatMul with a constant weight on the int8 tensor cores (imma.py), and
+Int4MatMul on float16 or bfloat16 activations by the W4A16 kernels (int4.py). The general
+paths need nothing of their operands: the direct kernels over centered int32 operands, and for
+Int4MatMul in float32 (or shapes W4A16 cannot tile) a GEMM over the weight dequantized while
+planning, which keeps the arithmetic in the program's precision.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import numpy as np
 
 from knopt.cpu.kernels import int4_weight
 from knopt.cuda.context import LoweringContext
+from knopt.cuda.gen.constants import add_constant, constant_array
 from knopt.cuda.gen.elementwise import emit_elementwise, replace_acc
+from knopt.cuda.gen.imma import emit_imma, imma_sizes_fit, int8_weight
+from knopt.cuda.gen.int4 import emit_w4a16, w4a16_format
 from knopt.cuda.gen.library import FusedEpilogue, gemm_step
 from knopt.cuda.gen.window import emit_conv_direct, emit_matmul_direct
 from knopt.cuda.layout import Layout
@@ -24,13 +29,12 @@ from knopt.errors import UnsupportedModelError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.op import Binary
-from knopt.ir.program import BinaryE, CastE, Kernel, Load
+from knopt.ir.program import Acc, BinaryE, CastE, ClampE, Expr, Kernel, Load, UnaryE, WhereE
 
 
-def result_tensor(
-    ctx: LoweringContext, kernel: Kernel, shape: tuple[int, ...], dtype: DType
-) -> int:
+def result_tensor(ctx: LoweringContext, kernel: Kernel, dtype: DType) -> int:
     """Where the main op writes: the output, or a temporary the epilogue reads."""
+    shape = ctx.tensor(kernel.output).shape
     return ctx.new_tensor(shape, dtype) if kernel.epilogue is not None else kernel.output
 
 
@@ -49,10 +53,46 @@ def centered_int32(ctx: LoweringContext, value: int, zero: int) -> int:
     return out
 
 
-def emit_int_matmul_direct(ctx: LoweringContext, kernel: Kernel, acc: int) -> None:
-    """IntMatMul by the direct matmul kernel over centered int32 operands (any sizes)."""
+# ---- IntMatMul -------------------------------------------------------------------------------
+
+
+def emit_int_matmul(ctx: LoweringContext, kernel: Kernel) -> None:
+    """IntMatMul and its epilogue: on IMMA where it can, else by the direct kernel."""
     a, b, a_zero, b_zero = kernel.inputs[:4]
-    emit_matmul_direct(ctx, acc, centered_int32(ctx, a, a_zero), centered_int32(ctx, b, b_zero))
+    weight = None
+    b_value, zb_value = constant_array(ctx, b), constant_array(ctx, b_zero)
+    k, n = ctx.tensor(b).shape[-2:]
+    uniform_zero = all(s == 0 for s in ctx.layout(a_zero).strides)
+    if b_value is not None and zb_value is not None and uniform_zero and imma_sizes_fit(n, k):
+        weight = int8_weight(b_value, zb_value)
+    if weight is None:
+        acc = result_tensor(ctx, kernel, DType.I32)
+        emit_matmul_direct(ctx, acc, centered_int32(ctx, a, a_zero), centered_int32(ctx, b, b_zero))
+        finish_epilogue(ctx, kernel, acc)
+        return
+    exact = emit_imma(ctx, kernel, weight)
+    body = exact.expr if kernel.epilogue is None else substitute_acc(kernel.epilogue, exact.expr)
+    emit_elementwise(ctx, kernel.output, body, [*kernel.inputs, *exact.inputs])
+
+
+def substitute_acc(expr: Expr, acc: Expr) -> Expr:
+    """`expr` with `Acc()` replaced by the expression `acc`."""
+    if isinstance(expr, Acc):
+        return acc
+    if isinstance(expr, UnaryE):
+        return UnaryE(expr.kind, substitute_acc(expr.x, acc))
+    if isinstance(expr, BinaryE):
+        return BinaryE(expr.kind, substitute_acc(expr.a, acc), substitute_acc(expr.b, acc))
+    if isinstance(expr, ClampE):
+        return ClampE(substitute_acc(expr.x, acc), expr.lo, expr.hi)
+    if isinstance(expr, CastE):
+        return CastE(substitute_acc(expr.x, acc), expr.dtype)
+    if isinstance(expr, WhereE):
+        return WhereE(*(substitute_acc(e, acc) for e in (expr.condition, expr.a, expr.b)))
+    return expr
+
+
+# ---- IntConv ---------------------------------------------------------------------------------
 
 
 def emit_int_conv(ctx: LoweringContext, kernel: Kernel) -> None:
@@ -60,7 +100,7 @@ def emit_int_conv(ctx: LoweringContext, kernel: Kernel) -> None:
     op = kernel.op
     assert isinstance(op, ops.IntConv)
     x, w, x_zero, w_zero = kernel.inputs[:4]
-    acc = result_tensor(ctx, kernel, ctx.tensor(kernel.output).shape, DType.I32)
+    acc = result_tensor(ctx, kernel, DType.I32)
     as_conv = ops.Conv(op.strides, op.pads, op.dilations, op.groups)
     # Zero padding of the centered input is padding with the zero point, as IntConv means.
     emit_conv_direct(
@@ -69,28 +109,7 @@ def emit_int_conv(ctx: LoweringContext, kernel: Kernel) -> None:
     finish_epilogue(ctx, kernel, acc)
 
 
-def constant_array(ctx: LoweringContext, tid: int) -> np.ndarray | None:
-    """The value of a plan tensor that is (a view of) a constant, else None."""
-    tensor = ctx.tensor(tid)
-    if tensor.buffer < 0 or ctx.buffers[tensor.buffer].region != "constant":
-        return None
-    data = np.ascontiguousarray(ctx.constants[tensor.buffer]).reshape(-1)
-    layout = tensor.layout
-    item = data.itemsize
-    return np.ndarray(
-        layout.shape,
-        data.dtype,
-        buffer=data,
-        offset=layout.offset * item,
-        strides=tuple(s * item for s in layout.strides),
-    )
-
-
-def add_constant(ctx: LoweringContext, array: np.ndarray, dtype: DType) -> int:
-    """A new constant plan tensor holding `array` (converted to `dtype`)."""
-    tid = ctx.new_tensor(tuple(array.shape), dtype, region="constant")
-    ctx.constants[ctx.tensor(tid).buffer] = np.ascontiguousarray(array, dtype=dtype.numpy)
-    return tid
+# ---- Int4MatMul ------------------------------------------------------------------------------
 
 
 def int4_operands(ctx: LoweringContext, kernel: Kernel) -> tuple[np.ndarray, ...]:
@@ -108,36 +127,32 @@ def int4_operands(ctx: LoweringContext, kernel: Kernel) -> tuple[np.ndarray, ...
     return tuple(array for array in found if array is not None)
 
 
-def emit_int4_matmul_dequantized(ctx: LoweringContext, kernel: Kernel) -> None:
-    """Int4MatMul as a GEMM over the weight dequantized while planning (any precision)."""
+def emit_int4_matmul(ctx: LoweringContext, kernel: Kernel) -> None:
+    """Int4MatMul and its epilogue: W4A16 kernels in half precision, else a dequantized GEMM."""
+    operands = int4_operands(ctx, kernel)
+    acc = result_tensor(ctx, kernel, ctx.dtype(kernel.inputs[0]))
+    form = w4a16_format(ctx, kernel, operands)
+    if form is not None:
+        emit_w4a16(ctx, kernel, form, operands, acc)
+    else:
+        _emit_dequantized_gemm(ctx, kernel, operands, acc)
+    finish_epilogue(ctx, kernel, acc)
+
+
+def _emit_dequantized_gemm(
+    ctx: LoweringContext, kernel: Kernel, operands: tuple[np.ndarray, ...], acc: int
+) -> None:
     op = kernel.op
     assert isinstance(op, ops.Int4MatMul)
     a = kernel.inputs[0]
-    packed, scales, zeros = int4_operands(ctx, kernel)
+    packed, scales, zeros = operands
     dtype = ctx.dtype(a)
     k = ctx.tensor(a).shape[-1]
-    weight = int4_weight(op, packed, scales.astype(np.float32), zeros, k)
-    w = add_constant(ctx, weight.T, dtype)  # [k, n]
-    shape = ctx.tensor(kernel.output).shape
-    acc = result_tensor(ctx, kernel, shape, dtype)
-    rank = len(shape)
-    if rank > 2:  # one weight for every batch: a broadcast view, which gemm_step reads once
-        view = Layout.contiguous((1,) * (rank - 2) + weight.T.shape).broadcast(
-            (*shape[:-2], *weight.T.shape)
-        )
-        w = ctx.add_tensor(dtype, view, ctx.tensor(w).buffer)
+    weight = int4_weight(op, packed, scales.astype(np.float32), zeros, k).T  # [k, n]
+    w = add_constant(ctx, weight, dtype)
+    shape = ctx.tensor(acc).shape
+    if len(shape) > 2:  # one weight for every batch: a broadcast view, read once
+        lead = (1,) * (len(shape) - 2)
+        layout = Layout.contiguous(lead + weight.shape).broadcast((*shape[:-2], *weight.shape))
+        w = ctx.add_tensor(dtype, layout, ctx.tensor(w).buffer)
     ctx.emit(gemm_step(ctx, a, w, acc, FusedEpilogue()))
-    finish_epilogue(ctx, kernel, acc)
-
-
-def emit_int_matmul(ctx: LoweringContext, kernel: Kernel) -> None:
-    """IntMatMul, then its epilogue."""
-    shape = ctx.tensor(kernel.output).shape
-    acc = result_tensor(ctx, kernel, shape, DType.I32)
-    emit_int_matmul_direct(ctx, kernel, acc)
-    finish_epilogue(ctx, kernel, acc)
-
-
-def emit_int4_matmul(ctx: LoweringContext, kernel: Kernel) -> None:
-    """Int4MatMul, then its epilogue."""
-    emit_int4_matmul_dequantized(ctx, kernel)

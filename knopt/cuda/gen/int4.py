@@ -1,0 +1,94 @@
+"""Int4MatMul on the tensor cores: the W4A16 kernels (knopt/cuda/w4a16.py) as plan launches.
+
+They take float16 or bfloat16 activations (a program narrowed to fp16 or bf16,
+knopt/cuda/precision.py), the weight in MatMulNBits' packed layout, which Int4MatMul's
+operands already are, and sizes they can tile (`W4A16.check`). The K split of the tiled
+kernel is chosen for `SMS` multiprocessors: any count is correct, only the split changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from knopt.cuda.context import LoweringContext
+from knopt.cuda.gen.constants import add_constant
+from knopt.cuda.gen.library import contiguous
+from knopt.cuda.steps import Buf, Launch
+from knopt.cuda.w4a16 import BLOCK_SIZES, GEMM_THREADS, GEMM_TILE, GEMV_MAX_M, GEMV_WARPS, W4A16
+from knopt.errors import CodegenError
+from knopt.ir import op as ops
+from knopt.ir.dtype import DType
+from knopt.ir.program import Kernel
+
+SMS = 132  # an H200's multiprocessors
+HALF_TYPES = frozenset({DType.F16, DType.BF16})
+NULL = np.uint64(0)  # an absent pointer argument
+
+
+def w4a16_format(
+    ctx: LoweringContext, kernel: Kernel, operands: tuple[np.ndarray, ...]
+) -> W4A16 | None:
+    """The W4A16 format that takes this Int4MatMul, or None (then it runs dequantized)."""
+    op = kernel.op
+    assert isinstance(op, ops.Int4MatMul)
+    a = kernel.inputs[0]
+    dtype = ctx.dtype(a)
+    if dtype not in HALF_TYPES or op.block not in BLOCK_SIZES:
+        return None
+    k = ctx.tensor(a).shape[-1]
+    rows = int(np.prod(ctx.tensor(kernel.output).shape[:-1]))
+    n = operands[0].shape[0]
+    form = W4A16(dtype, op.block)
+    try:
+        form.check(rows, n, k)
+    except CodegenError:
+        return None
+    return form
+
+
+def emit_w4a16(
+    ctx: LoweringContext,
+    kernel: Kernel,
+    form: W4A16,
+    operands: tuple[np.ndarray, ...],
+    y: int,
+) -> None:
+    """Append the launches computing `y` `[..., N]` (contiguous) with the W4A16 kernels."""
+    a = contiguous(ctx, kernel.inputs[0])
+    k = ctx.tensor(a).shape[-1]
+    n = operands[0].shape[0]
+    m = int(np.prod(ctx.tensor(y).shape[:-1]))
+    b, s, z = (
+        _as_constant(ctx, tid, array, dtype)
+        for tid, array, dtype in zip(
+            kernel.inputs[1:4], operands, (DType.U8, form.dtype, DType.U8), strict=True
+        )
+    )
+    gemv, gemm, reduce = form.kernel_names
+    gemv_source, gemm_source, reduce_source = form.kernel_sources()
+    sizes = (np.int32(m), np.int32(n), np.int32(k))
+    if m <= GEMV_MAX_M:
+        args = (Buf(a), Buf(b), Buf(s), Buf(z), NULL, Buf(y), *sizes)
+        grid, block = (-(-n // 16), 1, 1), (32 * GEMV_WARPS, 1, 1)
+        ctx.emit(Launch(gemv, gemv_source, grid, block, args))
+        return
+    splits = form.splits(m, n, k, SMS)
+    partial = ctx.new_tensor((splits, m, n), DType.F32) if splits > 1 else None
+    args = (Buf(a), Buf(b), Buf(s), Buf(z), NULL, Buf(y), _buf(partial), *sizes)
+    grid = (-(-n // GEMM_TILE), -(-m // GEMM_TILE), splits)
+    ctx.emit(Launch(gemm, gemm_source, grid, (GEMM_THREADS, 1, 1), args))
+    if partial is not None:
+        sums = (Buf(partial), NULL, Buf(y), np.int32(m), np.int32(n), np.int32(splits))
+        blocks = min(-(-m * n // 256), 4 * SMS)
+        ctx.emit(Launch(reduce, reduce_source, (blocks, 1, 1), (256, 1, 1), sums))
+
+
+def _as_constant(ctx: LoweringContext, tid: int, array: np.ndarray, dtype: DType) -> int:
+    """`tid` itself when it is a dense constant of `dtype`, else a dense copy of its value."""
+    if ctx.layout(tid).is_contiguous and ctx.dtype(tid) is dtype:
+        return tid
+    return add_constant(ctx, array, dtype)
+
+
+def _buf(tensor: int | None) -> Buf | np.uint64:
+    return NULL if tensor is None else Buf(tensor)
