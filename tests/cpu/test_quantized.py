@@ -8,6 +8,8 @@ unpacking it replaces.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 import pytest
@@ -27,7 +29,7 @@ def _codes(rng: np.random.Generator, shape: tuple[int, ...], dtype: type) -> np.
     return rng.integers(int(info.min), int(info.max) + 1, shape).astype(dtype)
 
 
-def _one_node(op_type: str, inputs: list[np.ndarray], engine: str, **attrs: object) -> np.ndarray:
+def _one_node(op_type: str, inputs: list[np.ndarray], engine: str, **attrs: Any) -> np.ndarray:
     names = [f"in{i}" for i in range(len(inputs))]
     infos = [
         helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
@@ -40,7 +42,7 @@ def _one_node(op_type: str, inputs: list[np.ndarray], engine: str, **attrs: obje
     if engine == "reference":
         from onnx.reference import ReferenceEvaluator
 
-        return np.asarray(ReferenceEvaluator(model).run(None, feeds)[0])
+        return np.asarray(ReferenceEvaluator(model).run(None, feeds)[0])  # type: ignore[index]
     import onnxruntime as ort
 
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -55,7 +57,7 @@ def test_int_matmul_equals_matmul_integer(
     a, b = _codes(rng, (2, 5, 64), a_type), _codes(rng, (64, 7), b_type)
     a[0, 0, :] = np.iinfo(a_type).min  # the largest products
     b[:, 0] = np.iinfo(b_type).min
-    a_zero = np.array(rng.integers(0, 20), dtype=a_type)
+    a_zero: np.ndarray = np.array(rng.integers(0, 20), dtype=a_type)
     b_zero = _codes(rng, (7,), b_type)  # per output column
     expected = _one_node("MatMulInteger", [a, b, a_zero, b_zero], "onnxruntime")
     batched = np.broadcast_to(b, (2, 64, 7))  # one weight for the batch, as the importer reads it
@@ -80,7 +82,7 @@ def test_int_conv_pads_with_the_zero_point_as_conv_integer(
     groups: int,
 ) -> None:
     x, w = _codes(rng, (2, 4, 7, 6), x_type), _codes(rng, (6, 4 // groups, 3, 2), np.int8)
-    x_zero = np.array(rng.integers(1, 20), dtype=x_type)
+    x_zero: np.ndarray = np.array(rng.integers(1, 20), dtype=x_type)
     w_zero = _codes(rng, (6,), np.int8)
     onnx_pads = [p[0] for p in pads] + [p[1] for p in pads]
     expected = _one_node(

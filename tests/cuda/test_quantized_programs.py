@@ -41,7 +41,9 @@ def _qdq_linear(rng: np.random.Generator, act: type, weight: type, n: int = 24) 
     """A QDQ linear layer (per-channel weights, bias) requantized, then dequantized."""
     m = Model()
     x = m.qdq(m.input("x", ["batch", 16, 64]), 0.05, 3 if act is U8 else -2, act)
-    codes = rng.integers(np.iinfo(weight).min, np.iinfo(weight).max, (64, n)).astype(weight)
+    codes: np.ndarray = rng.integers(np.iinfo(weight).min, np.iinfo(weight).max, (64, n)).astype(
+        weight
+    )
     scales = rng.uniform(0.002, 0.02, n).astype(np.float32)
     w = m.dq(codes, scales, rng.integers(0, 5, n).astype(weight), axis=1)
     bias = m.const(rng.uniform(-1, 1, n).astype(np.float32))
@@ -52,7 +54,7 @@ def _qdq_linear(rng: np.random.Generator, act: type, weight: type, n: int = 24) 
 def _qdq_conv(rng: np.random.Generator) -> bytes:
     m = Model()
     x = m.qdq(m.input("x", ["batch", 4, 9, 9]), 0.05, 100, U8)
-    codes = rng.integers(-128, 128, (8, 4, 3, 3)).astype(I8)
+    codes: np.ndarray = rng.integers(-128, 128, (8, 4, 3, 3)).astype(I8)
     w = m.dq(codes, rng.uniform(0.002, 0.02, 8).astype(np.float32), np.zeros(8, I8), axis=0)
     m.qdq(m.node("Relu", [m.node("Conv", [x, w], pads=[1, 1, 1, 1])]), 0.1, 0, U8)
     return m.build("y")
@@ -118,7 +120,7 @@ def test_int4_matmul_plans_w4a16_in_half_precision_and_a_gemm_in_f32(
 
 def test_integer_products_dequantize_in_f32_in_half_precision(rng: np.random.Generator) -> None:
     m = Model()
-    codes = rng.integers(-128, 128, (64, 8)).astype(I8)
+    codes: np.ndarray = rng.integers(-128, 128, (64, 8)).astype(I8)
     w = m.dq(codes, np.full(8, 0.01, np.float32), np.zeros(8, I8), axis=1)
     m.node("MatMul", [m.qdq(m.input("x", [4, 64]), 0.05, 0, I8), w])
     program = _program(m.build("y"), {})

@@ -9,6 +9,7 @@ original bit for bit.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -19,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 import knopt
 from knopt.cpu import run_graph
 from knopt.ir import bind_symbols
+from knopt.ir.shape import static_dims
 from knopt.opt.optimize import OptimizeResult
 from tests.cuda.quant import random_nbits
 
@@ -35,16 +37,16 @@ class Model:
         self.inputs: list[onnx.ValueInfoProto] = []
         self.count = 0
 
-    def input(self, name: str, shape: Sequence[int]) -> str:
+    def input(self, name: str, shape: Sequence[int | str]) -> str:
         self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
         return name
 
-    def const(self, array: np.ndarray) -> str:
+    def const(self, array: Any) -> str:
         name = f"c{len(self.inits)}"
         self.inits.append(numpy_helper.from_array(np.asarray(array), name))
         return name
 
-    def node(self, op_type: str, inputs: Sequence[str], domain: str = "", **attrs: object) -> str:
+    def node(self, op_type: str, inputs: Sequence[str], domain: str = "", **attrs: Any) -> str:
         self.count += 1
         out = f"t{self.count}"
         self.nodes.append(helper.make_node(op_type, list(inputs), [out], domain=domain, **attrs))
@@ -76,9 +78,7 @@ def _optimized(model: bytes, rng: np.random.Generator, sizes: dict[str, int]) ->
     result = knopt.optimize(graph, profile="h200", ilp=False)
     before, after = bind_symbols(graph, sizes), bind_symbols(result.graph, sizes)
     feeds = {
-        name: (rng.integers(-40, 40, [sizes.get(str(d), d) for d in v.shape]) / 8).astype(
-            np.float32
-        )
+        name: (rng.integers(-40, 40, static_dims(v.shape)) / 8).astype(np.float32)
         for name, v in zip(before.input_names, before.inputs, strict=True)
     }
     for ours, theirs in zip(run_graph(after, feeds), run_graph(before, feeds), strict=True):
@@ -101,7 +101,9 @@ def test_qdq_matmul_is_one_integer_kernel_with_its_requantization(
 ) -> None:
     m = Model()
     x = m.qdq(m.input("x", ["batch", 5, 16]), 0.25, 3 if act is U8 else -2, act)
-    codes = rng.integers(np.iinfo(weight).min, np.iinfo(weight).max, (16, 12)).astype(weight)
+    codes: np.ndarray = rng.integers(np.iinfo(weight).min, np.iinfo(weight).max, (16, 12)).astype(
+        weight
+    )
     if per_channel:
         w = m.dq(codes, _pow2(rng, (12,)), rng.integers(0, 5, 12).astype(weight), axis=1)
     else:
@@ -121,7 +123,7 @@ def test_qdq_matmul_is_one_integer_kernel_with_its_requantization(
 def test_qdq_conv_per_channel_pads_with_the_zero_point(rng: np.random.Generator) -> None:
     m = Model()
     x = m.qdq(m.input("x", [2, 3, 6, 6]), 0.125, 100, U8)
-    codes = rng.integers(-128, 128, (4, 3, 3, 3)).astype(I8)
+    codes: np.ndarray = rng.integers(-128, 128, (4, 3, 3, 3)).astype(I8)
     w = m.dq(codes, _pow2(rng, (4,)), np.zeros(4, I8), axis=0)
     conv = m.node("Conv", [x, w], pads=[1, 1, 1, 1])
     m.qdq(m.node("Relu", [conv]), 4.0, 0, U8)
@@ -134,7 +136,7 @@ def test_qdq_conv_per_channel_pads_with_the_zero_point(rng: np.random.Generator)
 def test_scales_varying_along_the_summed_axis_stay_float(rng: np.random.Generator) -> None:
     m = Model()
     x = m.qdq(m.input("x", [3, 8]), 0.25, 0, I8)
-    codes = rng.integers(-128, 128, (8, 4)).astype(I8)
+    codes: np.ndarray = rng.integers(-128, 128, (8, 4)).astype(I8)
     w = m.dq(codes, _pow2(rng, (8,)), np.zeros(8, I8), axis=0)  # one scale per k
     m.node("MatMul", [x, w])
     result = _optimized(m.build("y"), rng, {})
@@ -145,7 +147,7 @@ def test_max_pool_of_codes_feeds_the_next_integer_product(rng: np.random.Generat
     m = Model()
     x = m.qdq(m.input("x", [1, 2, 6, 6]), 0.25, 10, U8)
     pooled = m.qdq(m.node("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2]), 0.25, 10, U8)
-    codes = rng.integers(-128, 128, (3, 2, 1, 1)).astype(I8)
+    codes: np.ndarray = rng.integers(-128, 128, (3, 2, 1, 1)).astype(I8)
     conv = m.node("Conv", [pooled, m.dq(codes, _pow2(rng, (3,)), np.zeros(3, I8), axis=0)])
     m.qdq(conv, 0.5, 0, I8)
     result = _optimized(m.build("y"), rng, {})
@@ -228,8 +230,8 @@ def test_int4_dequantize_linear_is_repacked_for_int4_matmul(
     k, n, block = 40, 6, 16  # k is no multiple of the block
     m = Model(opset=21)
     info = ml_dtypes.iinfo(dtype)
-    codes = rng.integers(int(info.min), int(info.max) + 1, (k, n)).astype(dtype)
-    zeros = rng.integers(int(info.min), int(info.max) + 1, (3, n)).astype(dtype)
+    codes: np.ndarray = rng.integers(int(info.min), int(info.max) + 1, (k, n)).astype(dtype)
+    zeros: np.ndarray = rng.integers(int(info.min), int(info.max) + 1, (3, n)).astype(dtype)
     args = [m.const(codes), m.const(_pow2(rng, (3, n))), m.const(zeros)]
     w = m.node("DequantizeLinear", args, axis=0, block_size=block)
     m.node("MatMul", [m.input("a", [2, 5, k]), w])

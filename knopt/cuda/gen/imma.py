@@ -57,12 +57,15 @@ def int8_weight(b: np.ndarray, zb: np.ndarray) -> Int8Weight | None:
 
     None when the batch holds different matrices, or a zero point varies along K.
     """
-    matrix, zero = b.reshape(-1, *b.shape[-2:]), zb.reshape(-1, *zb.shape[-2:])
-    if not (np.all(matrix == matrix[:1]) and np.all(zero == zero[:1, :1])):
+    lead = (0,) * (b.ndim - 2)
+    if any(b.strides[:-2]) and not np.all(b == b[lead]):  # batches of other matrices
+        return None
+    first = zb[lead]  # [K, N]
+    if (any(zb.strides[:-2]) and not np.all(zb == first)) or not np.all(first == first[:1]):
         return None
     shift = FLIP if b.dtype == np.uint8 else 0
-    codes = (matrix[0].T.astype(np.int32) - shift).astype(np.int8)
-    zeros = zero[0, 0].astype(np.int32) - shift
+    codes = (b[lead].T.astype(np.int32) - shift).astype(np.int8)
+    zeros = first[0].astype(np.int32) - shift
     k = codes.shape[1]
     offsets = codes.astype(np.int64).sum(axis=1) - k * zeros.astype(np.int64)
     return Int8Weight(np.ascontiguousarray(codes), zeros, offsets.astype(np.int32))

@@ -13,7 +13,7 @@ import numpy as np
 from knopt.cuda.context import LoweringContext
 from knopt.cuda.gen.constants import add_constant
 from knopt.cuda.gen.library import contiguous
-from knopt.cuda.steps import Buf, Launch
+from knopt.cuda.steps import Arg, Buf, Launch
 from knopt.cuda.w4a16 import BLOCK_SIZES, GEMM_THREADS, GEMM_TILE, GEMV_MAX_M, GEMV_WARPS, W4A16
 from knopt.errors import CodegenError
 from knopt.ir import op as ops
@@ -67,6 +67,7 @@ def emit_w4a16(
     gemv, gemm, reduce = form.kernel_names
     gemv_source, gemm_source, reduce_source = form.kernel_sources()
     sizes = (np.int32(m), np.int32(n), np.int32(k))
+    args: tuple[Arg, ...]
     if m <= GEMV_MAX_M:
         args = (Buf(a), Buf(b), Buf(s), Buf(z), NULL, Buf(y), *sizes)
         grid, block = (-(-n // 16), 1, 1), (32 * GEMV_WARPS, 1, 1)

@@ -391,14 +391,16 @@ def _int4_rows(packed: np.ndarray, scales: np.ndarray, zeros: np.ndarray, block:
 
 def _nbits_rows(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     r, p, sc, zp, block = args
-    rows = _int4_rows(*(ctx.values.value(a.id) for a in (p, sc, zp)), block)
-    return _close(ctx.values.value(r.id), rows, "the dequantized rows")
+    v = ctx.values.value
+    rows = _int4_rows(v(p.id), v(sc.id), v(zp.id), block)
+    return _close(v(r.id), rows, "the dequantized rows")
 
 
 def _int4_weight(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     w, p, sc, zp, block = args
-    weight = ctx.values.value(w.id)
-    rows = _int4_rows(*(ctx.values.value(a.id) for a in (p, sc, zp)), block)
+    v = ctx.values.value
+    weight = v(w.id)
+    rows = _int4_rows(v(p.id), v(sc.id), v(zp.id), block)
     return _close(weight, rows[:, : weight.shape[0]].T, "the weight")
 
 
