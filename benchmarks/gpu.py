@@ -1,18 +1,40 @@
-"""knopt on the GPU against PyTorch eager and torch.compile, in one process, timed with CUDA events.
+"""knopt on the GPU against torch (eager, torch.compile in three modes) and tinygrad, one process.
 
-Builds ResNet-50 (torchvision), BERT-base and GPT-2 small (transformers, sequence 128) with random
-weights, exports each to ONNX, and times the median latency of many runs after a warm-up at each
-batch size and precision. Also measures the device copy bandwidth and what a fused elementwise
-knopt kernel reaches of it. Needs a CUDA GPU, torch, torchvision and transformers.
+Every side runs the same model with the same random weights on the same input: ResNet-50,
+BERT-base, GPT-2 small, ViT-B/16 and a 1.1B LLaMA-class decoder (sequence 128), at batch 1 and
+32, in strict f32 (TF32 off for torch; knopt may use its 3xTF32 GEMMs, which keep f32
+accuracy) and fp16. Per-call latency is measured the same way for every side: synchronize the
+device, call, synchronize, and the median of many calls after a warm-up is kept. Each row also
+gives the floor, the time the model's matmul/conv/attention FLOPs take at the GPU's measured
+peak for that precision plus the bytes it must move (weights, input, output) at the measured
+copy bandwidth, knopt's time over that floor, and every side's relative error against a float64
+run of the model on the GPU.
 
-    python benchmarks/gpu.py --out results.json --plot gpu.png
+knopt runs the program `knopt.optimize` chose (its time and the first run's preparation are
+recorded, as are the compile times of torch.compile and of tinygrad's JIT). tinygrad runs the
+exported ONNX through its `OnnxRunner` under `TinyJit`, on its CUDA device.
+
+The results file is appended to row by row and side by side, so an interrupted or budgeted run
+resumes where it stopped when run again with the same file:
+
+    python benchmarks/gpu.py --out gpu.json --budget 520            # all rows, ~8.7 min a call
+    python benchmarks/gpu.py --out gpu.json --models bert --batches 1 --profile-kernels
+    python benchmarks/gpu.py --out gpu.json --report                 # table and plot only
+
+The plot (latency per model, sides side by side) is written next to the results file.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import contextlib
+import copy
+import gc
 import json
+import math
+import os
+import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -21,336 +43,476 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import gpu_models
+import gpu_report
 import torch
 
-import knopt
-from knopt.cuda.runner import CudaRunner
-from knopt.opt.egraph import Limits
-
-SEQ = 128
-
-
-class _Hidden(torch.nn.Module):
-    """A transformers model returning its last hidden state only (what is exported)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, use_cache=False, return_dict=False)[0]
+PEERS = ("eager", "compile-default", "reduce-overhead", "max-autotune", "tinygrad", "knopt")
+COMPILE_MODES = {
+    "compile-default": None,
+    "reduce-overhead": "reduce-overhead",
+    "max-autotune": "max-autotune",
+}
+PRECISIONS = ("f32", "fp16")
 
 
-def build(name: str, attention: str) -> torch.nn.Module:
-    """A randomly initialized model in eval mode, on the CPU."""
-    torch.manual_seed(0)
-    if name == "resnet50":
-        import torchvision
+class Budget:
+    """Wall-clock seconds this run may still start work in."""
 
-        return torchvision.models.resnet50(weights=None).eval()
-    import transformers
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
 
-    if name == "bert":
-        config = transformers.BertConfig(attn_implementation=attention)
-        return _Hidden(transformers.BertModel(config, add_pooling_layer=False)).eval()
-    config = transformers.GPT2Config(attn_implementation=attention)
-    return _Hidden(transformers.GPT2Model(config)).eval()
+    def spent(self) -> bool:
+        """Whether the budget is used up."""
+        return time.monotonic() > self.deadline
 
 
-def example(name: str, batch: int) -> torch.Tensor:
-    """Inputs of the model at `batch` on the GPU."""
-    generator = torch.Generator().manual_seed(1)
-    if name == "resnet50":
-        return torch.randn(batch, 3, 224, 224, generator=generator).cuda()
-    return torch.randint(0, 30000, (batch, SEQ), generator=generator).cuda()
+class Results:
+    """The results file: machine facts and rows, rewritten atomically after every change."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {"rows": []}
+        if path.exists():
+            self.data = json.loads(path.read_text())
+
+    def row(self, model: str, batch: int, precision: str) -> dict[str, Any]:
+        """The row of a configuration (made empty if new)."""
+        for row in self.data["rows"]:
+            if (row["model"], row["batch"], row["precision"]) == (model, batch, precision):
+                return row
+        row = {"model": model, "batch": batch, "precision": precision, "peers": {}}
+        self.data["rows"].append(row)
+        return row
+
+    def save(self) -> None:
+        """Write the file (a temporary renamed over the old one)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(self.data, indent=1))
+        os.replace(temporary, self.path)
 
 
-def export(model: torch.nn.Module, x: torch.Tensor, path: Path) -> None:
-    """ONNX export with the TorchScript exporter (fixed shapes), else the dynamo one."""
-    name = "input_ids" if x.dtype == torch.int64 else "input"
-    try:
-        torch.onnx.export(
-            model,
-            (x.cpu(),),
-            str(path),
-            input_names=[name],
-            output_names=["output"],
-            opset_version=17,
-            dynamo=False,
-        )
-    except Exception as err:  # older or newer exporters differ; try the other one
-        print(f"  torchscript export failed ({err}); trying dynamo", file=sys.stderr)
-        torch.onnx.export(
-            model,
-            (x.cpu(),),
-            str(path),
-            input_names=[name],
-            output_names=["output"],
-            opset_version=18,
-            dynamo=True,
-        )
+# ---- timing ---------------------------------------------------------------------------------
 
 
-def time_cuda(
-    run: Callable[[], Any], stream: torch.cuda.Stream, warmup: int = 10, repeat: int = 50
-) -> float:
-    """Median milliseconds of `run` between CUDA events on `stream` (after a warm-up)."""
+def latency_ms(call: Callable[[], Any], sync: Callable[[], None], warmup: int, runs: int) -> float:
+    """Median milliseconds of synchronize, call, synchronize, after `warmup` calls."""
     for _ in range(warmup):
-        run()
-    torch.cuda.synchronize()
+        call()
+    sync()
     times = []
-    with torch.cuda.stream(stream):
-        for _ in range(repeat):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            run()
-            end.record(stream)
-            end.synchronize()
-            times.append(start.elapsed_time(end))
+    for _ in range(runs):
+        sync()
+        start = time.perf_counter()
+        call()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 
 
-def relative_error(mine: np.ndarray, theirs: np.ndarray) -> float:
-    """‖mine - theirs‖ / ‖theirs‖ in float64."""
-    a, b = mine.astype(np.float64), theirs.astype(np.float64)
-    return float(np.linalg.norm(a - b)) / max(float(np.linalg.norm(b)), 1e-30)
+def relative_error(mine: torch.Tensor, exact: torch.Tensor) -> float:
+    """‖mine - exact‖ / ‖exact‖ in float64."""
+    mine, exact = mine.double().flatten(), exact.double().flatten()
+    return float(torch.linalg.norm(mine - exact) / torch.linalg.norm(exact).clamp_min(1e-300))
 
 
-def bench_model(
-    name: str,
-    batches: list[int],
-    precisions: list[str],
-    modes: list[str],
-    folder: Path,
-    optimize: bool,
-    optimize_seconds: float,
-) -> list[dict[str, Any]]:
-    """Every (batch, precision) row for one model (with the optimized program if `optimize`)."""
-    rows = []
-    # One instance per precision: converting one module back and forth leaves transformers'
-    # cached dtypes behind (a half model then fed float masks).
-    eager_models = {
-        p: build(name, "sdpa").cuda().half() if p == "fp16" else build(name, "sdpa").cuda()
-        for p in precisions
+def machine() -> dict[str, Any]:
+    """The device's copy bandwidth and matmul peaks (torch), and the software versions."""
+    import transformers
+
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "transformers": transformers.__version__,
     }
-    export_model = build(name, "eager")
-    for batch in batches:
-        x = example(name, batch)
-        path = folder / f"{name}_{batch}.onnx"
-        began = time.perf_counter()
-        export(export_model, x, path)
-        export_seconds = time.perf_counter() - began
-        program = None  # the optimized program, made once per batch size
-        for precision in precisions:
-            half = precision == "fp16"
-            model = eager_models[precision]
-            tx = x.half() if half and x.is_floating_point() else x
-            row: dict[str, Any] = {
-                "model": name,
-                "batch": batch,
-                "precision": precision,
-                "export_s": round(export_seconds, 1),
-            }
-            default_stream = torch.cuda.current_stream()
-            with torch.no_grad():
-                reference = model(tx)
-                reference = reference[0] if isinstance(reference, tuple) else reference
-                row["eager_ms"] = time_cuda(functools.partial(model, tx), default_stream)
-                for mode in modes:
-                    began = time.perf_counter()
-                    compiled = torch.compile(model, mode=None if mode == "default" else mode)
-                    compiled(tx)
-                    row[f"compile_{mode}_s"] = round(time.perf_counter() - began, 1)
-                    row[f"compile_{mode}_ms"] = time_cuda(
-                        functools.partial(compiled, tx), default_stream
-                    )
-            began = time.perf_counter()
-            runner = CudaRunner("fp16" if half else "f32")
-            graph = knopt.load(path)
-            feeds = {graph.input_names[0]: x}
-            executable = runner.executable(graph)
-            (out,) = executable.run(feeds, device_outputs=True)
-            row["knopt_prepare_s"] = round(time.perf_counter() - began, 1)
-            stream = torch.cuda.ExternalStream(executable.gpu.stream_handle)
-            row["knopt_ms"] = time_cuda(
-                functools.partial(executable.run, feeds, device_outputs=True), stream
-            )
-            row["knopt_replay_ms"] = time_cuda(executable.replay, stream)
-            row["knopt_arena_MiB"] = executable.plan.region_bytes["arena"] / 2**20
-            row["knopt_arena_bound_MiB"] = executable.plan.arena_lower_bound / 2**20
-            row["knopt_error_vs_torch"] = relative_error(
-                out.numpy(), reference.float().cpu().numpy()
-            )
-            for mode in modes:
-                row[f"ratio_compile_{mode}"] = row["knopt_ms"] / row[f"compile_{mode}_ms"]
-            row["ratio_eager"] = row["knopt_ms"] / row["eager_ms"]
-            if optimize:
-                try:
-                    program = _fused(
-                        row, runner, graph, program, feeds, reference, modes, optimize_seconds
-                    )
-                except Exception as err:  # record and go on: the unfused numbers still count
-                    row["fused_error"] = f"{type(err).__name__}: {str(err)[:300]}"
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    return rows
+    for name in ("knopt", "tinygrad", "nvmath", "cudnn"):
+        with contextlib.suppress(Exception):
+            versions[name] = __import__(name).__version__
+    return {
+        "device": torch.cuda.get_device_name(),
+        "date": time.strftime("%Y-%m-%d"),
+        "versions": versions,
+        "copy_GBps": _copy_bandwidth() / 1e9,
+        "peak_TFLOPs": {p: _matmul_rate(d) / 1e12 for p, d in _DTYPES.items()},
+    }
 
 
-def _fused(
-    row: dict[str, Any],
-    runner: CudaRunner,
-    graph: Any,
-    program: Any,
-    feeds: dict[str, Any],
-    reference: torch.Tensor,
-    modes: list[str],
-    optimize_seconds: float,
-) -> Any:
-    """Time knopt.optimize's fused program into `row`; returns the program for reuse."""
-    if program is None:
-        began = time.perf_counter()
-        result = knopt.optimize(graph, profile="h200", limits=Limits(seconds=optimize_seconds))
-        program = result.program
-        row["optimize_s"] = round(time.perf_counter() - began, 1)
-    fused = runner.executable(program)
-    (fused_out,) = fused.run(feeds, device_outputs=True)
-    fused_stream = torch.cuda.ExternalStream(fused.gpu.stream_handle)
-    row["knopt_fused_ms"] = time_cuda(
-        functools.partial(fused.run, feeds, device_outputs=True), fused_stream
-    )
-    row["knopt_fused_launches"] = len(program.launches())
-    row["knopt_fused_error_vs_torch"] = relative_error(
-        fused_out.numpy(), reference.float().cpu().numpy()
-    )
-    for mode in modes:
-        row[f"ratio_fused_compile_{mode}"] = row["knopt_fused_ms"] / row[f"compile_{mode}_ms"]
-    return program
+_DTYPES = {"f32": torch.float32, "fp16": torch.float16}
 
 
-def bandwidth() -> dict[str, float]:
-    """Device copy bandwidth and a fused elementwise knopt kernel's share of it (GB/s)."""
-    from knopt.cuda import prepare
-    from knopt.ir import GraphBuilder
-    from knopt.ir.dtype import DType
-    from knopt.ir.op import Binary, Unary
-    from knopt.ir.program import BinaryE, Kernel, Load, UnaryE, program_from_graph
-
-    n = 1 << 26  # 256 MiB per f32 tensor: far beyond the 50 MB L2
-    source = torch.randn(n, device="cuda")
+def _copy_bandwidth() -> float:
+    """Bytes per second a device-to-device copy reads plus writes (256 MiB: beyond the L2)."""
+    source = torch.randn(1 << 26, device="cuda")
     target = torch.empty_like(source)
-    stream = torch.cuda.current_stream()
-    copy_ms = time_cuda(lambda: target.copy_(source), stream, 3, 20)
-    copy = 2 * 4 * n / copy_ms / 1e6
-    g = GraphBuilder("bw")
-    a, b, _ = (g.input(k, (n // 4096, 4096), DType.F32) for k in "abc")
-    g.output(g.add(a, b), "y")
-    base = program_from_graph(g.build())
-    body = UnaryE(Unary.RELU, BinaryE(Binary.ADD, BinaryE(Binary.MUL, Load(0), Load(1)), Load(2)))
-    base.kernels = [Kernel("elementwise", None, (0, 1, 2), base.kernels[0].output, body=body)]
-    executable = prepare(base)
-    feeds = {k: torch.randn(n // 4096, 4096, device="cuda") for k in "abc"}
-    executable.run(feeds, device_outputs=True)
-    ext = torch.cuda.ExternalStream(executable.gpu.stream_handle)
-    fused_ms = time_cuda(executable.replay, ext, 3, 20)
-    fused = 4 * 4 * n / fused_ms / 1e6
-    return {"copy_GBps": copy, "fused_elementwise_GBps": fused, "fraction": fused / copy}
+    return 2 * source.nbytes / (_device_ms(lambda: target.copy_(source), 20) * 1e-3)
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """Latency bars per configuration (skipped when matplotlib is missing)."""
-    try:
-        import matplotlib
+def _matmul_rate(dtype: torch.dtype) -> float:
+    """FLOP/s of an 8192^3 matmul in `dtype` (TF32 off for f32)."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=dtype)
+    return 2 * 8192**3 / (_device_ms(lambda: a @ a, 10) * 1e-3)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot", file=sys.stderr)
-        return
-    labels = [f"{r['model']}\nb{r['batch']} {r['precision']}" for r in rows]
-    compiled = sorted(k for k in rows[0] if k.startswith("compile_") and k.endswith("_ms"))
-    keys = ["eager_ms", *compiled, "knopt_ms"]
-    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 1.2), 4.5))
-    width = 0.8 / len(keys)
-    for i, key in enumerate(keys):
-        ax.bar(
-            [j + i * width for j in range(len(rows))],
-            [r[key] for r in rows],
-            width,
-            label=key.removesuffix("_ms"),
+
+def _device_ms(call: Callable[[], Any], repeats: int) -> float:
+    call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def _free() -> None:
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+# ---- the sides ------------------------------------------------------------------------------
+
+
+class Row:
+    """One (model, batch, precision): its models, input, reference and results."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        master: torch.nn.Module,
+        spec: Any,
+        batch: int,
+        precision: str,
+        onnx_path: Path,
+        result: dict[str, Any],
+    ) -> None:
+        self.args = args
+        self.master = master
+        self.spec = spec
+        self.batch = batch
+        self.precision = precision
+        self.onnx_path = onnx_path
+        self.result = result
+        self.x = gpu_models.example(spec, batch)
+        self.dtype = torch.float16 if precision == "fp16" else torch.float32
+        self._model: torch.nn.Module | None = None
+        self.reference = self._reference()
+
+    def _reference(self) -> torch.Tensor:
+        model = copy.deepcopy(self.master).cuda().double()
+        gpu_models.set_attention(model, "sdpa")
+        x = self.x.double() if self.x.is_floating_point() else self.x
+        with torch.no_grad():
+            out = model(x).detach()
+        if "floor_ms" not in self.result:
+            self._floor(model, x, out)
+        del model
+        _free()
+        return out
+
+    def _floor(self, model: torch.nn.Module, x: torch.Tensor, out: torch.Tensor) -> None:
+        item = 2 if self.precision == "fp16" else 4
+        flops = gpu_models.count_flops(model, x)
+        nbytes = gpu_models.count_bytes(model, x, out, item)
+        facts = self.args.machine
+        seconds = flops / (facts["peak_TFLOPs"][self.precision] * 1e12)
+        seconds += nbytes / (facts["copy_GBps"] * 1e9)
+        self.result.update(flops=flops, bytes=nbytes, floor_ms=seconds * 1e3)
+
+    def model(self) -> torch.nn.Module:
+        """The torch model at this precision, on the GPU, with SDPA attention."""
+        if self._model is None:
+            model = copy.deepcopy(self.master).to(device="cuda", dtype=self.dtype)
+            gpu_models.set_attention(model, "sdpa")
+            self._model = model
+        return self._model
+
+    def torch_input(self) -> torch.Tensor:
+        """The input at this precision (token ids stay integers)."""
+        return self.x.to(self.dtype) if self.x.is_floating_point() else self.x
+
+    def measure(self, peer: str) -> dict[str, Any]:
+        """Time one side; its latency, error and preparation times."""
+        if peer == "knopt":
+            return self._knopt()
+        if peer == "tinygrad":
+            return self._tinygrad()
+        return self._torch(peer)
+
+    def _timed(self, call: Callable[[], Any], sync: Callable[[], None]) -> float:
+        return latency_ms(call, sync, self.args.warmup, self.args.runs)
+
+    def _torch(self, peer: str) -> dict[str, Any]:
+        model, x = self.model(), self.torch_input()
+        entry: dict[str, Any] = {}
+        call: Callable[[torch.Tensor], torch.Tensor] = model
+        with torch.no_grad():
+            if peer != "eager":
+                _free()
+                began = time.perf_counter()
+                call = torch.compile(model, mode=COMPILE_MODES[peer])
+                for _ in range(3):  # compiles (and for CUDA graphs, records) on the first calls
+                    call(x)
+                torch.cuda.synchronize()
+                entry["compile_s"] = round(time.perf_counter() - began, 1)
+            entry["ms"] = self._timed(lambda: call(x), torch.cuda.synchronize)
+            entry["error"] = relative_error(call(x).detach().clone(), self.reference)
+            if self.args.profile_kernels and peer != "eager":
+                entry["profile"] = torch_profile(lambda: call(x))
+        return entry
+
+    def _knopt(self) -> dict[str, Any]:
+        import knopt
+        from knopt.cuda.runner import CudaRunner
+        from knopt.opt.egraph import Limits
+
+        entry: dict[str, Any] = {}
+        began = time.perf_counter()
+        dynamic = self.onnx_path.stem == self.spec.name  # exported with a symbolic batch
+        graph = knopt.load(self.onnx_path, dims={"batch": self.batch} if dynamic else None)
+        entry["load_s"] = round(time.perf_counter() - began, 1)
+        began = time.perf_counter()
+        result = knopt.optimize(
+            graph, profile=self.args.knopt_profile, limits=Limits(seconds=self.args.optimize_s)
         )
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels, fontsize=7)
-    ax.set_ylabel("latency (ms, median)")
-    ax.set_yscale("log")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+        entry["optimize_s"] = round(time.perf_counter() - began, 1)
+        began = time.perf_counter()
+        executable = CudaRunner(self.precision).executable(result.program)
+        feeds = {graph.input_names[0]: self.x}
+        (out,) = executable.run(feeds, device_outputs=True)
+        torch.cuda.synchronize()
+        entry["prepare_s"] = round(time.perf_counter() - began, 1)
+        entry["kernels"] = len(result.program.launches())
+        entry["steps"] = len(executable.plan.steps)
+        entry["ms"] = self._timed(
+            lambda: executable.run(feeds, device_outputs=True), torch.cuda.synchronize
+        )
+        entry["replay_ms"] = _device_ms(executable.replay, 20)
+        (out,) = executable.run(feeds, device_outputs=True)
+        entry["error"] = relative_error(torch.as_tensor(out, device="cuda"), self.reference)
+        if self.args.profile_kernels:
+            entry["profile"] = knopt_profile(executable, feeds)
+        return entry
+
+    def _tinygrad(self) -> dict[str, Any]:
+        os.environ.setdefault("DEV", "CUDA")
+        entry: dict[str, Any] = {"cpu_compiler": _tinygrad_cpu_compiler()}
+        from tinygrad import Device, Tensor, TinyJit, dtypes
+        from tinygrad.nn.onnx import OnnxRunner
+
+        began = time.perf_counter()
+        runner = OnnxRunner(self.onnx_path).to("CUDA")
+        (name,) = runner.graph_inputs
+        output = runner.graph_outputs[0]
+        x = Tensor(self.x.cpu().numpy(), device="CUDA")
+        if self.precision == "fp16":  # the weights, and a float input, in half precision
+            runner.graph_values = {
+                k: v.cast(dtypes.half) if isinstance(v, Tensor) and v.dtype == dtypes.float else v
+                for k, v in runner.graph_values.items()
+            }
+            x = x.cast(dtypes.half) if x.dtype == dtypes.float else x
+        weights = [v for v in runner.graph_values.values() if isinstance(v, Tensor)]
+        Tensor.realize(x, *weights)  # on the GPU once, before the JIT captures
+        jit = TinyJit(lambda t: runner({name: t})[output].realize())
+        device = Device["CUDA"]
+        for _ in range(3):  # the JIT captures on its second call
+            jit(x)
+        device.synchronize()
+        entry["compile_s"] = round(time.perf_counter() - began, 1)
+        entry["ms"] = self._timed(lambda: jit(x), device.synchronize)
+        result = torch.from_numpy(jit(x).numpy().astype("float64"))
+        entry["error"] = relative_error(result, self.reference.cpu())
+        return entry
+
+
+# tinygrad's CPU device (which it starts even when the model runs on CUDA) compiles small
+# helper programs with `clang --target=... - -o -`. Where there is no clang, gcc does for those,
+# through this wrapper: gcc takes neither --target nor an object file written to stdout.
+_CLANG_WRAPPER = """#!/bin/sh
+out=$(mktemp)
+for a in "$@"; do shift; case "$a" in --target=*) ;; *) set -- "$@" "$a";; esac; done
+for a in "$@"; do shift; if [ "$prev" = "-o" ]; then set -- "$@" "$out"; else set -- "$@" "$a"; fi
+prev=$a; done
+gcc "$@" && cat "$out"; status=$?; rm -f "$out"; exit $status
+"""
+
+
+def _tinygrad_cpu_compiler() -> str:
+    """Which C compiler tinygrad's CPU device gets (clang, $CC, or gcc through a wrapper)."""
+    if "CC" in os.environ or shutil.which("clang"):
+        return os.environ.get("CC", "clang")
+    if not shutil.which("gcc"):
+        return "none (tinygrad's CPU device will fail to start)"
+    wrapper = Path(tempfile.mkdtemp(prefix="knopt-cc-")) / "clang"
+    wrapper.write_text(_CLANG_WRAPPER)
+    wrapper.chmod(0o755)
+    os.environ["CC"] = str(wrapper)
+    return "gcc (through a wrapper taking clang's arguments)"
+
+
+# ---- per-kernel profiles --------------------------------------------------------------------
+
+
+def knopt_profile(executable: Any, feeds: dict[str, Any]) -> dict[str, Any]:
+    """Each step of knopt's program run eagerly between CUDA events, grouped by kind."""
+    from knopt.cuda.steps import Gemm, Launch
+
+    bound = executable._bind(feeds)
+    calls = executable._enqueuers(bound)
+    labels = []  # one per call, in the order the executor makes them
+    for index, step in enumerate(executable.plan.steps):
+        if isinstance(step, Launch):
+            labels.append(step.name.split("_")[1])
+            continue
+        library = executable.library[index]
+        if isinstance(step, Gemm):
+            labels.append(f"gemm {step.dtype.short} {step.precision}")
+        elif library is None:
+            labels.append("conv direct")
+        else:
+            labels.append(f"conv {step.dtype.short}{' nhwc' if step.channels_last else ''}")
+        if step.fallback is not None and not (library is not None and library.fused):
+            labels.append("epilogue")
+    if len(labels) != len(calls):
+        labels = [f"call {i}" for i in range(len(calls))]
+    gpu = executable.gpu
+    for _ in range(2):
+        for call in calls:
+            call()
+    gpu.sync()
+    events = []
+    for call in calls:
+        start = gpu.event()
+        call()
+        events.append((start, gpu.event()))
+    times = [gpu.elapsed_ms(start, end) for start, end in events]
+    return _grouped(labels, times)
+
+
+def torch_profile(call: Callable[[], Any]) -> dict[str, Any]:
+    """The CUDA kernels of a few calls (torch's profiler), grouped by kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+    labels, times = [], []
+    for event in prof.key_averages():
+        if event.device_type.name == "CUDA" or getattr(event, "self_device_time_total", 0):
+            labels.append(event.key[:60])
+            times.append(getattr(event, "self_device_time_total", 0.0) / 1e3 / 5)
+    return _grouped(labels, times)
+
+
+def _grouped(labels: list[str], times: list[float]) -> dict[str, Any]:
+    groups: dict[str, list[float]] = {}
+    for label, ms in zip(labels, times, strict=True):
+        groups.setdefault(label, []).append(ms)
+    total = sum(times)
+    return {
+        "total_ms": total,
+        "groups": sorted(
+            (
+                {"kind": k, "count": len(v), "ms": sum(v), "share": sum(v) / total if total else 0}
+                for k, v in groups.items()
+            ),
+            key=lambda g: -float(g["ms"]),
+        )[:25],
+    }
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace, results: Results) -> bool:
+    """Measure every missing (row, side) within the budget; True if all were measured."""
+    budget = Budget(args.budget)
+    if "device" not in results.data:
+        results.data.update(machine())
+        results.save()
+    args.machine = results.data
+    folder = Path(args.onnx_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in args.models:
+        spec = gpu_models.MODELS[name]
+        master: torch.nn.Module | None = None
+        for batch in args.batches:
+            for precision in args.precisions:
+                result = results.row(name, batch, precision)
+                todo = [p for p in args.peers if p not in result["peers"] or args.redo]
+                if not todo:
+                    continue
+                if budget.spent():
+                    return False
+                if master is None:
+                    master = gpu_models.build(spec)
+                path = gpu_models.export(master, spec, folder, batch)
+                row = Row(args, master, spec, batch, precision, path, result)
+                for peer in todo:
+                    if budget.spent():
+                        results.save()
+                        return False
+                    print(f"{name} b{batch} {precision} {peer}...", file=sys.stderr, flush=True)
+                    # Marked first, so that a side the call's time limit kills is not retried.
+                    result["peers"][peer] = {"failed": "interrupted: did not finish in the call"}
+                    results.save()
+                    try:
+                        result["peers"][peer] = row.measure(peer)
+                    except Exception as err:  # record it: the other sides still count
+                        result["peers"][peer] = {"failed": f"{type(err).__name__}: {err}"[:500]}
+                    print(f"  {json.dumps(result['peers'][peer])[:300]}", file=sys.stderr)
+                    gpu_report.summarize(result)
+                    results.save()
+                del row
+                _free()
+        del master
+        _free()
+    return True
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="resnet50,bert,gpt2")
+    parser.add_argument("--out", type=Path, default=Path("gpu.json"), help="results (JSON)")
+    parser.add_argument("--models", default=",".join(gpu_models.MODELS))
     parser.add_argument("--batches", default="1,32")
-    parser.add_argument("--precisions", default="f32,fp16")
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--peers", default=",".join(PEERS), help=f"of {', '.join(PEERS)}")
+    parser.add_argument("--budget", type=float, default=math.inf, help="seconds to start work in")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--knopt-profile", default="h200-graph", help="cost model: name or file")
+    parser.add_argument("--optimize-s", type=float, default=30.0, help="saturation time limit")
     parser.add_argument(
-        "--compile-modes",
-        default="default",
-        help="torch.compile modes, comma-separated (max-autotune is slow)",
+        "--onnx-dir",
+        default=str(Path(tempfile.gettempdir()) / "knopt-gpu-onnx"),
+        help="where exported models are kept and reused",
     )
-    parser.add_argument("--out", type=Path, help="write the rows as JSON here")
-    parser.add_argument("--plot", type=Path, help="save a bar chart here")
-    parser.add_argument("--no-bandwidth", action="store_true")
-    parser.add_argument(
-        "--optimize",
-        default="",
-        help="models to also run as knopt.optimize's fused program (a,b,...)",
-    )
-    parser.add_argument(
-        "--optimize-seconds",
-        type=float,
-        default=15.0,
-        help="saturation time limit of knopt.optimize",
-    )
+    parser.add_argument("--profile-kernels", action="store_true", help="per-kernel breakdowns")
+    parser.add_argument("--redo", action="store_true", help="measure rows already in the file")
+    parser.add_argument("--report", action="store_true", help="only print the table and plot")
     args = parser.parse_args()
-    # Strict f32 on both sides: no TF32 in torch's matmuls or convolutions either.
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as folder:
-        for name in args.models.split(","):
-            rows += bench_model(
-                name,
-                [int(b) for b in args.batches.split(",")],
-                args.precisions.split(","),
-                args.compile_modes.split(","),
-                Path(folder),
-                name in args.optimize.split(","),
-                args.optimize_seconds,
-            )
-            if args.out:
-                args.out.write_text(json.dumps({"rows": rows}, indent=1))
-    result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "rows": rows}
-    if not args.no_bandwidth:
-        result["bandwidth"] = bandwidth()
-        print(json.dumps(result["bandwidth"]))
-    nan = float("nan")
-    print(
-        f"{'model':9} {'batch':>5} {'prec':>5} {'eager':>8} {'compile':>8} {'knopt':>8} "
-        f"{'fused':>8} {'k/comp':>7} {'f/comp':>7} {'err':>8}"
-    )
-    for r in rows:
-        print(
-            f"{r['model']:9} {r['batch']:5d} {r['precision']:>5} {r['eager_ms']:8.3f} "
-            f"{r.get('compile_default_ms', nan):8.3f} {r['knopt_ms']:8.3f} "
-            f"{r.get('knopt_fused_ms', nan):8.3f} {r.get('ratio_compile_default', nan):7.2f} "
-            f"{r.get('ratio_fused_compile_default', nan):7.2f} "
-            f"{r['knopt_error_vs_torch']:8.1e}"
-        )
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
-    if args.plot and rows:
-        plot(rows, args.plot)
+    for key in ("models", "precisions", "peers"):
+        setattr(args, key, [v for v in getattr(args, key).split(",") if v])
+    args.batches = [int(b) for b in args.batches.split(",")]
+    unknown = set(args.peers) - set(PEERS) | set(args.models) - set(gpu_models.MODELS)
+    if unknown:
+        parser.error(f"unknown models or peers: {sorted(unknown)}")
+    results = Results(args.out)
+    complete = True
+    if not args.report:
+        # Strict f32 for torch too: no TF32 in its matmuls or convolutions.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        complete = run(args, results)
+    print(gpu_report.table(results.data))
+    gpu_report.plot(results.data, args.out.with_suffix(".png"))
+    if not complete:
+        print("budget spent: run the same command again to resume", file=sys.stderr)
     return 0
 
 

@@ -3,6 +3,7 @@
     python benchmarks/quantized.py                 # table and a RESULTS.md entry on stdout
     python benchmarks/quantized.py --quick         # fewer sizes and rounds (a smoke run)
     python benchmarks/quantized.py --json out.json --record
+    python benchmarks/quantized.py --w4a16-only    # W4A16 only: every kernel variant, M 1..1024
 
 In one process, on one stream, interleaved round by round, timed with CUDA events:
 
@@ -10,8 +11,11 @@ In one process, on one stream, interleaved round by round, timed with CUDA event
   followed by knopt's requantizing epilogue (uint8 out), torch's `_int_mm`, and torch.matmul in
   fp16 (cuBLAS). TOPS count 2 M N K operations.
 * W4A16, M = 1, 16, 128 and N = K = 4096 (blocks of 128, with zero points): knopt's kernels
-  against torch.nn.functional.linear in fp16 with the same weight dequantized. TFLOP/s count
-  2 M N K; GB/s count the bytes of the packed weight, scales and zero points.
+  (as its rule picks them) against torch.nn.functional.linear in fp16 with the same weight
+  dequantized. TFLOP/s count 2 M N K; GB/s count the bytes of the packed weight, scales and
+  zero points. `--w4a16-only` times M from 1 to 1024, every GEMV and GEMM configuration and the
+  dequantize + cuBLASLt route beside the rule's choice, and M = 1 "cold" too (each launch reads
+  another copy of the weights, so that they come from HBM, not L2).
 
 Each timing is the median over rounds of the CUDA-event time of a CUDA graph of `inner`
 launches, divided by `inner` (graphs keep Python's launch overhead out of microsecond kernels).
@@ -27,11 +31,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import platform
 import statistics
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -49,13 +54,26 @@ from knopt.cuda.blas import Blas  # noqa: E402
 from knopt.cuda.driver import Gpu  # noqa: E402
 from knopt.cuda.int8_epilogue import EpilogueArgs, Int8Epilogue  # noqa: E402
 from knopt.cuda.intgemm import GemmOutput, IntGemmPlan, supported_outputs  # noqa: E402
-from knopt.cuda.w4a16 import W4A16, W4A16Operands  # noqa: E402
+from knopt.cuda.w4a16 import (  # noqa: E402
+    DEFAULT_GEMM,
+    DEFAULT_GEMV,
+    GEMM_BMS,
+    GEMV_MAX_M,
+    W4A16,
+    GemmConfig,
+    GemvConfig,
+    Route,
+    W4A16Operands,
+    W4A16Plan,
+)
 from knopt.ir.dtype import DType  # noqa: E402
 
 DATE = datetime.date.today().isoformat()
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 SECTION = "## Quantized matrix products"
 TARGET_MS = 2.0  # each timed batch of launches lasts about this long
+MAX_W4_ERROR = 1e-3  # relative to fp32 F.linear with the fp16 weight (rounding gives ~2e-4)
+W4_MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]  # --w4a16-only
 
 
 @dataclass
@@ -69,6 +87,7 @@ class Row:
     weight_bytes: int = 0  # packed int4 weight, scales and zero points
     fp16_bytes: int = 0  # the same weight in fp16
     error: dict[str, float] = field(default_factory=dict)
+    chosen: str = ""  # W4A16: the kernel (or route) knopt's rule picks
 
     def median(self, method: str) -> float:
         """Median milliseconds a launch of `method`."""
@@ -82,6 +101,7 @@ class Bench:
         self.gpu = Gpu()
         self.stream = torch.cuda.ExternalStream(self.gpu.stream_handle)
         self.sm_count = int(self.gpu.device.properties.multiprocessor_count)
+        self.l2_bytes = int(self.gpu.device.properties.l2_cache_size)
         self.blas = Blas()
         self._graphs: list[Any] = []
         self._torch_graphs: list[torch.cuda.CUDAGraph] = []
@@ -207,12 +227,23 @@ def int8_rows(bench: Bench, sizes: list[int], rounds: int) -> list[Row]:
     return rows
 
 
-def w4a16_rows(bench: Bench, ms: list[int], n: int, k: int, block: int, rounds: int) -> list[Row]:
-    """W4A16 (knopt) against fp16 F.linear with the dequantized weight."""
-    w4 = W4A16(DType.F16, block)
-    cubin = nvrtc.compile_cubin(w4.source(), bench.gpu.arch)
-    kernels = bench.gpu.load(cubin, w4.kernel_names)
-    rng = np.random.default_rng(0)
+@dataclass
+class W4Weight:
+    """One random int4 weight on the device, and the same weight dequantized to fp16."""
+
+    b: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    w16: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed weight, scales and zero points."""
+        return self.b.numel() + self.scales.numel() * 2 + self.zeros.numel()
+
+
+def _w4_weight(n: int, k: int, block: int, seed: int) -> W4Weight:
+    rng = np.random.default_rng(seed)
     blocks = -(-k // block)
     b_np = rng.integers(0, 256, (n, blocks, block // 2), dtype=np.uint8)
     s_np = rng.uniform(0.005, 0.05, (n, blocks)).astype(np.float16)
@@ -221,47 +252,131 @@ def w4a16_rows(bench: Bench, ms: list[int], n: int, k: int, block: int, rounds: 
     codes = torch.stack([b & 15, b >> 4], dim=-1).reshape(n, blocks, block).float()
     zero = torch.stack([zeros & 15, zeros >> 4], dim=-1).reshape(n, -1)[:, :blocks].float()
     w16 = ((codes - zero[:, :, None]) * scales.float()[:, :, None]).reshape(n, -1)[:, :k].half()
-    weight_bytes = b.numel() + scales.numel() * 2 + zeros.numel()
+    return W4Weight(b, scales, zeros, w16)
+
+
+def w4a16_variants(m: int) -> list[GemvConfig | GemmConfig | Route]:
+    """What is timed besides the rule's choice at M.
+
+    Every GEMV (M <= 8), the GEMMs whose column tile suits M, dequantize + cuBLASLt from M = 64.
+    """
+    variants: list[GemvConfig | GemmConfig | Route] = []
+    if m <= GEMV_MAX_M:
+        variants += EXTRA_GEMV
+        variants += [c for c in DEFAULT_GEMM if c.bm == 16 and c.split == 4]
+    else:
+        tile = next((b for b in GEMM_BMS if m <= b), GEMM_BMS[-1])
+        variants += [c for c in DEFAULT_GEMM if c.bm == tile or (c.bm == 2 * tile and c.split == 4)]
+    if m >= 64:
+        variants.append(Route.DEQUANTIZE)
+    return variants
+
+
+EXTRA_GEMV = (
+    *DEFAULT_GEMV,
+    GemvConfig(depth=2),
+    GemvConfig(warps=4),
+    GemvConfig(warps=4, split=2),
+)
+
+
+def _variant_name(variant: GemvConfig | GemmConfig | Route) -> str:
+    return f"knopt {variant.value if isinstance(variant, Route) else variant.suffix}"
+
+
+def w4a16_rows(
+    bench: Bench, ms: list[int], n: int, k: int, block: int, rounds: int, variants: bool
+) -> list[Row]:
+    """W4A16 against fp16 F.linear with the dequantized weight.
+
+    knopt runs as its rule picks, and with `variants` in every kernel configuration and route.
+    With `variants`, M = 1 is also timed cold: each launch of a graph reads the next of enough
+    copies of the weights to overflow the L2 cache (50 MB on an H200), as a model's layers do;
+    otherwise back-to-back launches of one product find its weight in L2.
+    """
+    w4 = W4A16(DType.F16, block, gemv=EXTRA_GEMV, gemm=DEFAULT_GEMM)
+    cubin = nvrtc.compile_cubin(w4.source(), bench.gpu.arch)
+    kernels = bench.gpu.load(cubin, w4.kernel_names)
+    weight = _w4_weight(n, k, block, 0)
+    copies = max(2, -(-bench.l2_bytes * 2 // weight.nbytes))  # twice L2 for the int4 copies
     rows = []
     for m in ms:
         a = torch.randn((m, k), dtype=torch.float16, device="cuda")
-        y = torch.empty((m, n), dtype=torch.float16, device="cuda")
-        workspace = torch.empty(
-            max(w4.workspace_bytes(m, n, k, bench.sm_count), 4), dtype=torch.uint8, device="cuda"
-        )
-        operands = W4A16Operands(
-            a=a.data_ptr(),
-            b=b.data_ptr(),
-            scales=scales.data_ptr(),
-            zeros=zeros.data_ptr(),
-            y=y.data_ptr(),
-            workspace=workspace.data_ptr() if w4.workspace_bytes(m, n, k, bench.sm_count) else 0,
-        )
+        reference = torch.nn.functional.linear(a.float(), weight.w16.float())
         torch.cuda.synchronize()  # made on torch's default stream, used on knopt's
-
-        def knopt_w4(operands=operands, m=m) -> None:
-            w4.launch(bench.gpu, kernels, operands, (m, n, k), bench.sm_count)
-
         row = Row(
             "W4A16",
             f"M={m} N={n} K={k}",
             2.0 * m * n * k,
-            weight_bytes=weight_bytes,
+            weight_bytes=weight.nbytes,
             fp16_bytes=2 * n * k,
         )
-        with torch.cuda.stream(bench.stream):
-            knopt_w4()
-            reference = torch.nn.functional.linear(a.float(), w16.float())
-            bench.stream.synchronize()
-            row.error["knopt W4A16"] = _rel_error(y, reference)
-        methods: dict[str, Callable[[], Any]] = {
-            "knopt W4A16": knopt_w4,
-            "torch fp16": partial(torch.nn.functional.linear, a, w16),
-        }
+        methods: dict[str, Callable[[], Any]] = {}
+        choices: list[tuple[str, GemvConfig | GemmConfig | Route | None]] = [("knopt W4A16", None)]
+        if variants:
+            choices += [(_variant_name(v), v) for v in w4a16_variants(m)]
+        for name, choice in choices:
+            plan = w4.plan(m, n, k, bench.sm_count, blas=bench.blas, config=choice)
+            run = _w4_launcher(bench, kernels, plan, a, [weight])
+            row.error[name] = _w4_error(bench, run, reference)
+            if not row.error[name] < MAX_W4_ERROR:  # wrong (or NaN): reported, not timed
+                print(f"  WRONG: {name} at M={m}: relative error {row.error[name]:.3g}")
+                continue
+            methods[name] = run
+            if choice is None:
+                row.chosen = plan.kernel if plan.route is not Route.DEQUANTIZE else plan.route.value
+        methods["torch fp16"] = partial(torch.nn.functional.linear, a, weight.w16)
+        if variants and m == 1:
+            cold = [weight] + [_w4_weight(n, k, block, seed) for seed in range(1, copies)]
+            plan = w4.plan(m, n, k, bench.sm_count, blas=bench.blas)
+            methods["knopt W4A16 cold"] = _w4_launcher(bench, kernels, plan, a, cold)
+            fp16_copies = max(2, -(-bench.l2_bytes * 2 // (2 * n * k)))
+            fp16 = itertools.cycle([c.w16 for c in cold[:fp16_copies]])
+            methods["torch fp16 cold"] = partial(_linear_next, a, fp16)
         bench.measure(row, methods, rounds)
         rows.append(row)
         print(f"  W4A16 M={m} done", flush=True)
     return rows
+
+
+def _linear_next(a: torch.Tensor, weights: Iterator[torch.Tensor]) -> torch.Tensor:
+    return torch.nn.functional.linear(a, next(weights))
+
+
+def _w4_launcher(
+    bench: Bench, kernels: dict[str, Any], plan: W4A16Plan, a: torch.Tensor, weights: list[W4Weight]
+) -> Callable[[], Any]:
+    """What launches `plan` once, on the next of `weights` each call."""
+    m, n, _ = plan.sizes
+    y = torch.empty((m, n), dtype=torch.float16, device="cuda")
+    workspace = torch.empty(max(plan.workspace, 1), dtype=torch.uint8, device="cuda")
+    operands = itertools.cycle(
+        [
+            W4A16Operands(
+                a=a.data_ptr(),
+                b=w.b.data_ptr(),
+                scales=w.scales.data_ptr(),
+                zeros=w.zeros.data_ptr(),
+                y=y.data_ptr(),
+                workspace=workspace.data_ptr() if plan.workspace else 0,
+            )
+            for w in weights
+        ]
+    )
+
+    def run() -> torch.Tensor:
+        plan.enqueue(bench.gpu, kernels, next(operands))
+        return y
+
+    return run
+
+
+def _w4_error(bench: Bench, run: Callable[[], Any], reference: Any) -> float:
+    """Relative error of one launch against fp32 F.linear with the fp16 weight."""
+    with torch.cuda.stream(bench.stream):
+        y = run()
+        bench.stream.synchronize()
+    return _rel_error(y, reference)
 
 
 def table(rows: list[Row]) -> list[str]:
@@ -271,11 +386,11 @@ def table(rows: list[Row]) -> list[str]:
         "| --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
-        base = row.median("torch fp16")
         for method in row.times:
             ms = row.median(method)
+            base = row.median("torch fp16 cold" if method.endswith(" cold") else "torch fp16")
             rate = row.ops / (ms * 1e-3) / 1e12
-            moved = row.fp16_bytes if method == "torch fp16" else row.weight_bytes
+            moved = row.fp16_bytes if method.startswith("torch fp16") else row.weight_bytes
             gbs = f"{moved / (ms * 1e-3) / 1e9:.0f}" if row.weight_bytes else ""
             lines.append(
                 f"| {row.kind} | {row.size} | {method} | {ms * 1e3:.1f} | {rate:.1f} | {gbs} | "
@@ -292,10 +407,30 @@ def verdicts(rows: list[Row]) -> list[str]:
             ratio = row.median("torch fp16") / row.median("knopt int8")
             ok = "met" if ratio >= 1.6 else "NOT met"
             lines.append(f"int8 GEMM {row.size}: {ratio:.2f}x fp16 (target 1.6x: {ok})")
-        if row.kind == "W4A16" and row.size.startswith("M=1 "):
+        if row.kind == "W4A16" and row.size.startswith("M=1 ") and "knopt W4A16" in row.times:
             ratio = row.median("torch fp16") / row.median("knopt W4A16")
             ok = "met" if ratio >= 2.5 else "NOT met"
             lines.append(f"W4A16 {row.size}: {ratio:.2f}x fp16 (target 2.5x: {ok})")
+            if "knopt W4A16 cold" in row.times:
+                cold = row.median("torch fp16 cold") / row.median("knopt W4A16 cold")
+                lines.append(f"W4A16 {row.size}, weights not in L2: {cold:.2f}x fp16")
+    return lines
+
+
+def w4a16_choices(rows: list[Row]) -> list[str]:
+    """Per W4A16 size: the rule's kernel against the fastest knopt variant (for the rule)."""
+    lines = []
+    for row in rows:
+        knopt = [m for m in row.times if m.startswith("knopt") and not m.endswith(" cold")]
+        if row.kind != "W4A16" or len(knopt) < 2 or "knopt W4A16" not in row.times:
+            continue
+        best = min(knopt[1:], key=row.median)
+        rule = row.median("knopt W4A16")
+        lines.append(
+            f"W4A16 {row.size}: rule {row.chosen} {rule * 1e3:.1f} us; fastest {best} "
+            f"{row.median(best) * 1e3:.1f} us ({rule / row.median(best):.2f}x the rule's time); "
+            f"torch fp16 {row.median('torch fp16') * 1e3:.1f} us"
+        )
     return lines
 
 
@@ -316,7 +451,7 @@ def entry(rows: list[Row], bench: Bench, outputs: list[str]) -> list[str]:
         "",
         *table(rows),
         "",
-        *(f"- {line}" for line in verdicts(rows)),
+        *(f"- {line}" for line in verdicts(rows) + w4a16_choices(rows)),
     ]
 
 
@@ -328,6 +463,11 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the raw times here")
     parser.add_argument("--record", action="store_true", help="append the entry to RESULTS.md")
     parser.add_argument(
+        "--w4a16-only",
+        action="store_true",
+        help="only W4A16, M from 1 to 1024, every kernel configuration and route, cold M = 1",
+    )
+    parser.add_argument(
         "--no-models", action="store_true", help="the products only, not the quantized BERT-base"
     )
     args = parser.parse_args()
@@ -335,11 +475,15 @@ def main() -> int:
     bench = Bench()
     outputs = [o.value for o in supported_outputs(bench.blas.handle, 1024, 1024, 1024)]
     print(f"{bench.gpu.name}: cuBLASLt IMMA outputs {outputs}", flush=True)
-    sizes = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192]
-    rows = int8_rows(bench, sizes, rounds)
-    rows += w4a16_rows(bench, [1, 16, 128], 4096, 4096, 128, rounds)
+    if args.w4a16_only:
+        ms = [1, 8, 16, 128, 1024] if args.quick else W4_MS
+        rows = w4a16_rows(bench, ms, 4096, 4096, 128, rounds, variants=True)
+    else:
+        sizes = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192]
+        rows = int8_rows(bench, sizes, rounds)
+        rows += w4a16_rows(bench, [1, 16, 128], 4096, 4096, 128, rounds, variants=False)
     lines = entry(rows, bench, outputs)
-    if not args.no_models:
+    if not (args.no_models or args.w4a16_only):
         lines += ["", "Whole models (benchmarks/quantized_bert.py):", "", *model_lines(bert_row())]
     print("\n".join(lines))
     if args.json:

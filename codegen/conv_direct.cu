@@ -1,5 +1,6 @@
 // codegen/conv_direct.cu: N-d grouped convolution, a thread per output element. The fallback
-// for dtypes and shapes cuDNN does not take (integers, more than 3 spatial axes).
+// for dtypes and shapes cuDNN does not take (integers, more than 3 spatial axes). The output is
+// dense, in row-major order (OUT_INDEX is i) or channels last.
 extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@(@PARAMS@) {
   typedef @INDEX@ idx_t;
   const idx_t i = (idx_t)blockIdx.x * @THREADS@ + (idx_t)threadIdx.x;
@@ -11,5 +12,5 @@ extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@(@PARAMS@) {
     const idx_t channel = group * @IN_PER_GROUP@ + ci;
 @LOOPS@
   }
-  out[i] = @RESULT@;
+  out[@OUT_INDEX@] = @RESULT@;
 }

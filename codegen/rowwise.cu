@@ -1,6 +1,6 @@
 // codegen/rowwise.cu: softmax, layernorm and rmsnorm over rows, a block per row, with a fused
-// prologue (load) and epilogue (store). With CACHED the row stays in registers (CNT values a
-// thread) between the passes; otherwise each pass reads it again.
+// prologue (load) and epilogue (store). With CACHED the row stays in registers (up to CACHE
+// values a thread) between the passes; otherwise each pass reads it again.
 #define KN_SOFTMAX 0
 #define KN_LAYER_NORM 1
 #define KN_RMS_NORM 2
@@ -9,8 +9,14 @@ extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@(@PARAMS@) {
   typedef @INDEX@ idx_t;
   typedef @C@ real;
   constexpr int kThreads = @THREADS@;
-  constexpr idx_t kLength = @LENGTH@;
-  constexpr int kCount = (int)((kLength + kThreads - 1) / kThreads);
+  // The row's length is a value, not a constant, so one kernel serves every length of a
+  // symbolic axis; kCount bounds the values a thread keeps (guarded by j < kLength).
+  const idx_t kLength = @LENGTH@;
+#if @CACHED@
+  constexpr int kCount = @CACHE@;
+#else
+  const int kCount = (int)((kLength + kThreads - 1) / kThreads);
+#endif
   __shared__ real scratch[32];
   const idx_t row = (idx_t)blockIdx.x;
 @OUTER@

@@ -27,10 +27,11 @@ from knopt.errors import (
     SymbolicSizeError,
     UnsupportedModelError,
 )
+from knopt.ir.dims import SizeProfile, SizeRange
 from knopt.ir.graph import Graph
 from knopt.onnx.export import DEFAULT_OPSET, save_onnx
 from knopt.onnx.export_kernels import save_kernels
-from knopt.onnx.load import import_model, load_model
+from knopt.onnx.load import import_model, input_symbols, load_model
 from knopt.opt.optimize import OptimizeResult
 from knopt.opt.optimize import optimize as run_optimizer
 from knopt.session import PerSizeSession, Session
@@ -105,42 +106,66 @@ def compile(
     precision: str = "f32",
     optimize: bool | None = None,
     profile: str | os.PathLike[str] | DeviceProfile | None = None,
+    dims: Mapping[str, int | tuple[int, int, int] | SizeRange] | None = None,
+    resident: Mapping[str, str] | None = None,
+    cache_mask: str | None = None,
     cache: str | os.PathLike[str] | ProgramCache | None = None,
 ) -> Session:
-    """Prepare a model to run on a device.
+    """Prepare a model to run on a device, for every size its symbolic dimensions take.
+
+    The model is optimized once (on the first run), with symbolic sizes kept symbolic; each
+    new set of input sizes is then only bound and planned (milliseconds).
+
+        session = knopt.compile("bert.onnx", "cuda", dims={"batch": (1, 8, 64),
+                                                           "seq": (1, 128, 512)})
 
     Args:
         model: A graph, or an ONNX model's path or bytes.
         device: "cpu", "cuda", or "best" (cuda if a GPU is usable).
         precision: On cuda, "f32" (strict, no TF32), "tf32", "fp16" or "bf16".
-        optimize: Run the optimizer first (for each set of input sizes, once). The default is
-            True on cuda, where fused kernels are the point, and False on cpu, whose executor
-            is the reference that optimized programs are checked against.
+        optimize: Run the optimizer first (once). The default is True on cuda, where fused
+            kernels are the point, and False on cpu, whose executor is the reference that
+            optimized programs are checked against.
         profile: The cost model for optimizing: "cpu", "h200", "h200-graph", a file written
             by `knopt calibrate`, or a `DeviceProfile` (default: the device's built-in one).
+        dims: Symbolic sizes by name, in the style of TensorRT's optimization profiles:
+            `(min, opt, max)` bounds a size (a run outside is refused with `InputError`) and
+            `opt` is the size kernels are costed at; an int fixes the size.
+        resident: Outputs kept after each run and fed back as the matching inputs of the next
+            (a decoder's key/value caches: `{"present.0.key": "past_key_values.0.key"}`).
+        cache_mask: With `resident`: the attention mask input, which makes the caches static
+            (see `knopt.ir.kvcache`).
         cache: When optimizing, a folder (or `knopt.cache.ProgramCache`) shared by processes:
-            each optimized program is read from it if there, else made and written for the
-            others (on cuda, with NVRTC's cubins). Entries of another knopt build, GPU or
-            model are ignored.
+            the optimized program is read from it if there, else made and written for the
+            others (on cuda, with NVRTC's cubins). Entries of another knopt build, GPU, model
+            or profile are ignored.
 
     Raises:
         KnoptError: If loading fails or the device is not available.
+        InputError: If `dims` names a size the model does not have, or a range is malformed.
     """
+    options: dict[str, Any] = {
+        "precision": precision,
+        "optimize": optimize,
+        "profile": profile,
+        "cache": cache,
+    }
     if isinstance(model, Graph):
         return Session(
-            model, device, precision=precision, optimize=optimize, profile=profile, cache=cache
+            model, device, dims=dims, resident=resident, cache_mask=cache_mask, **options
         )
     proto = load_model(model)
+    ranges = SizeProfile.parse(dims, input_symbols(proto))
+    fixed = ranges.fixed
     try:
-        graph = import_model(proto)
+        graph = import_model(proto, fixed)
     except SymbolicSizeError:
         # Only fixed sizes import (an RNN over a dynamic sequence, ...): import at each run.
-        return PerSizeSession(
-            proto, device, precision=precision, optimize=optimize, profile=profile, cache=cache
-        )
-    return Session(
-        graph, device, precision=precision, optimize=optimize, profile=profile, cache=cache
-    )
+        if resident:
+            raise
+        return PerSizeSession(proto, device, dims=dict(ranges.ranges), **options)
+    free = {name: spec for name, spec in ranges.ranges.items() if name not in fixed}
+    return Session(graph, device, dims=free, resident=resident, cache_mask=cache_mask, **options)
 
 
 __all__ = [

@@ -1,12 +1,20 @@
 """`calibrate`: measure a device profile for the cost model on this machine.
 
-Each rate is measured through knopt's own executor for the device (numpy on "cpu", the
+Each figure is measured through knopt's own executor for the device (numpy on "cpu", the
 generated CUDA program on "cuda"), so the profile describes what knopt's kernels achieve here,
-not a datasheet:
+not a datasheet.
 
-- bandwidth: an f32 Add over arrays far larger than the caches (bytes read plus written);
-- peak f32 / f64 / f16: a square MatMul, 2*n^3 FLOPs;
-- launch: the extra time per op of a chain of 65 tiny ops over a chain of 1.
+On "cpu": bandwidth from an f32 Add over arrays far larger than the caches (bytes read plus
+written), peak f32 / f64 / f16 from a square MatMul each (2*n^3 FLOPs), and launch as the extra
+time per op of a chain of 65 tiny ops over a chain of 1.
+
+On "cuda" every time is device time between CUDA events around replays of the captured graph:
+bandwidth from the Add, launch from the chains (so it is the cost of a kernel inside a CUDA
+graph), and each peak fitted to library kernels at several shapes, the GEMMs of transformers
+at batch 1 and 32 and large square ones (cuBLASLt, with knopt's 3xTF32 in f32 where it pays)
+and two chained ResNet convolutions (cuDNN, channels last in f16): the peak whose roofline
+`launch + max(bytes / bandwidth, flops / peak)` best predicts those times (least squares of
+the log ratio), so extraction's estimates track what the device does at the sizes models use.
 
 The integer peak is not measured (no integer MatMul runs on every device); it is kept from the
 built-in profile the calibration starts from, and the result says so.
@@ -14,9 +22,10 @@ built-in profile the calibration starts from, and the result says so.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -26,10 +35,13 @@ from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph
 from knopt.ir.op import Unary
+from knopt.ir.program import program_from_graph
 from knopt.opt.cost import CPU, H200_GRAPH, DeviceProfile
 from knopt.session import Session
 
 _CHAIN = 65
+_NUMPY = {"f32": np.float32, "f64": np.float64, "f16": np.float16}
+_DTYPE = {"f32": DType.F32, "f64": DType.F64, "f16": DType.F16}
 
 
 @dataclass(frozen=True)
@@ -44,11 +56,40 @@ class _Sizes:
 _SIZES = {
     ("cpu", False): _Sizes(1 << 23, {"f32": 1024, "f64": 1024, "f16": 256}, 5),
     ("cpu", True): _Sizes(1 << 21, {"f32": 512, "f64": 512, "f16": 128}, 3),
-    ("cuda", False): _Sizes(1 << 26, {"f32": 4096, "f64": 4096, "f16": 8192}, 7),
-    ("cuda", True): _Sizes(1 << 24, {"f32": 2048, "f64": 2048, "f16": 4096}, 3),
+    ("cuda", False): _Sizes(1 << 26, {"f64": 2048}, 5),
+    ("cuda", True): _Sizes(1 << 24, {"f64": 1024}, 3),
 }
-_NUMPY = {"f32": np.float32, "f64": np.float64, "f16": np.float16}
-_DTYPE = {"f32": DType.F32, "f64": DType.F64, "f16": DType.F16}
+# (m, n, k) of the GEMMs a peak is fitted to: BERT-base's and a 1B LLaMA's projections at
+# sequence 128 for batch 1 and 32, and square ones; quick runs keep the first four.
+GEMM_SHAPES = (
+    (128, 768, 768),
+    (128, 3072, 768),
+    (4096, 768, 768),
+    (2048, 2048, 2048),
+    (4096, 3072, 768),
+    (4096, 768, 3072),
+    (128, 8192, 2048),
+    (4096, 8192, 2048),
+    (4096, 4096, 4096),
+)
+# (batch, channels, size) of two chained 3x3 convolutions: ResNet-50's first stage.
+CONV_SHAPES = ((1, 64, 56), (32, 64, 56))
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured kernel (or program): what ran, its work and its time.
+
+    Attributes:
+        kind: The peak it informs ("f32", "f16", "f64"), or "" for bandwidth and launch.
+        seconds: Device time of one run, launch included.
+    """
+
+    what: str
+    kind: str
+    flops: float
+    bytes: float
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -59,11 +100,37 @@ class Calibration:
         profile: The profile to give `optimize` (or save with `profile.to_json()`).
         base: The built-in profile that unmeasured fields were kept from.
         notes: One line per figure: what was run and what it gave.
+        samples: The measurements the figures come from.
     """
 
     profile: DeviceProfile
     base: DeviceProfile
     notes: list[str]
+    samples: list[Sample]
+
+    def to_json(self) -> dict[str, Any]:
+        """The profile file: the profile, and the samples it was fitted to."""
+        return {**self.profile.to_json(), "samples": [asdict(s) for s in self.samples]}
+
+
+def fit_peak(samples: Sequence[Sample], bandwidth: float, launch: float) -> float:
+    """The peak FLOP/s whose roofline best predicts the samples' times.
+
+    Minimizes the sum of squared log ratios of predicted to measured time over a log grid
+    from half the slowest sample's rate to four times the fastest's.
+    """
+    rates = [s.flops / s.seconds for s in samples]
+    low, high = min(rates) / 2, max(rates) * 4
+    best, best_error = high, math.inf
+    for step in range(481):
+        peak = low * (high / low) ** (step / 480)
+        error = sum(
+            math.log((launch + max(s.bytes / bandwidth, s.flops / peak)) / s.seconds) ** 2
+            for s in samples
+        )
+        if error < best_error:
+            best, best_error = peak, error
+    return best
 
 
 def calibrate(
@@ -86,9 +153,6 @@ def calibrate(
     """
     if device not in ("cpu", "cuda"):
         raise KnoptError(f"cannot calibrate device '{device}': use 'cpu' or 'cuda'")
-    sizes = _SIZES[device, quick]
-    base = CPU if device == "cpu" else H200_GRAPH
-    timer = _Timer(device, sizes.trials)
     notes: list[str] = []
 
     def note(line: str) -> None:
@@ -96,30 +160,13 @@ def calibrate(
         if progress is not None:
             progress(line)
 
-    n = sizes.elements
-    feeds = {"a": _random((n,), np.float32, 1), "b": _random((n,), np.float32, 2)}
-    seconds = timer.time(_add_graph(n), feeds)
-    bandwidth = 3 * n * 4 / seconds
-    note(f"bandwidth: Add of {n} f32 in {seconds * 1e3:.3f} ms -> {bandwidth / 1e9:.1f} GB/s")
-    peak = {"int": base.peak["int"]}
-    for kind, size in sizes.matmul.items():
-        dtype = _NUMPY[kind]
-        feeds = {"a": _random((size, size), dtype, 3), "b": _random((size, size), dtype, 4)}
-        seconds = timer.time(_matmul_graph(size, _DTYPE[kind]), feeds)
-        peak[kind] = 2 * size**3 / seconds
-        note(
-            f"peak {kind}: MatMul {size}x{size}x{size} in {seconds * 1e3:.3f} ms -> "
-            f"{peak[kind] / 1e9:.1f} GFLOP/s"
-        )
+    sizes = _SIZES[device, quick]
+    if device == "cpu":
+        base, (bandwidth, peak, launch, samples) = CPU, _measure_cpu(sizes, note)
+    else:
+        base, (bandwidth, peak, launch, samples) = H200_GRAPH, _measure_cuda(sizes, quick, note)
+    peak["int"] = base.peak["int"]
     note(f"peak int: not measured, kept from '{base.name}' ({base.peak['int'] / 1e9:.1f} GIOP/s)")
-    x = {"x": _random((1,), np.float32, 5)}
-    one = timer.time(_chain_graph(1), x)
-    many = timer.time(_chain_graph(_CHAIN), x)
-    launch = max((many - one) / (_CHAIN - 1), 1e-9)
-    note(
-        f"launch: {_CHAIN} tiny ops in {many * 1e6:.1f} us, 1 in {one * 1e6:.1f} us -> "
-        f"{launch * 1e6:.2f} us per op"
-    )
     profile = DeviceProfile(
         name or f"{device}-calibrated",
         bandwidth=bandwidth,
@@ -128,71 +175,172 @@ def calibrate(
         symbol_size=base.symbol_size,
         per_op_launch=base.per_op_launch,
     )
-    return Calibration(profile, base, notes)
+    return Calibration(profile, base, notes, samples)
 
 
-class _Timer:
-    """Times graphs on one device: the best over trials of the mean over a batch of runs."""
+Measured = tuple[float, dict[str, float], float, list[Sample]]
 
-    def __init__(self, device: str, trials: int) -> None:
-        self.device = device
+
+def _measure_cpu(sizes: _Sizes, note: Callable[[str], None]) -> Measured:
+    timer = _HostTimer(sizes.trials)
+    n = sizes.elements
+    feeds = {"a": _random((n,), np.float32, 1), "b": _random((n,), np.float32, 2)}
+    seconds = timer.time(_add_graph(n), feeds)
+    bandwidth = 3 * n * 4 / seconds
+    samples = [Sample(f"add {n} f32", "", n, 3 * n * 4, seconds)]
+    note(f"bandwidth: Add of {n} f32 in {seconds * 1e3:.3f} ms -> {bandwidth / 1e9:.1f} GB/s")
+    peak = {}
+    for kind, size in sizes.matmul.items():
+        dtype = _NUMPY[kind]
+        feeds = {"a": _random((size, size), dtype, 3), "b": _random((size, size), dtype, 4)}
+        seconds = timer.time(_matmul_graph(size, _DTYPE[kind]), feeds)
+        peak[kind] = 2 * size**3 / seconds
+        item = np.dtype(dtype).itemsize
+        samples.append(Sample(f"matmul {size}^3", kind, 2 * size**3, 3 * size**2 * item, seconds))
+        note(
+            f"peak {kind}: MatMul {size}x{size}x{size} in {seconds * 1e3:.3f} ms -> "
+            f"{peak[kind] / 1e9:.1f} GFLOP/s"
+        )
+    x = {"x": _random((1,), np.float32, 5)}
+    one = timer.time(_chain_graph(1), x)
+    many = timer.time(_chain_graph(_CHAIN), x)
+    launch = max((many - one) / (_CHAIN - 1), 1e-9)
+    note(
+        f"launch: {_CHAIN} tiny ops in {many * 1e6:.1f} us, 1 in {one * 1e6:.1f} us -> "
+        f"{launch * 1e6:.2f} us per op"
+    )
+    return bandwidth, peak, launch, samples
+
+
+def _measure_cuda(sizes: _Sizes, quick: bool, note: Callable[[str], None]) -> Measured:
+    timer = _GpuTimer(sizes.trials)
+    x = {"x": _random((1,), np.float32, 5)}
+    one = timer.time(_chain_graph(1), x)
+    many = timer.time(_chain_graph(_CHAIN), x)
+    launch = max((many - one) / (_CHAIN - 1), 1e-9)
+    overhead = max(one - launch, 0.0)  # a graph replay's own cost, beyond its kernels
+    note(
+        f"launch: {_CHAIN} tiny kernels in {many * 1e6:.1f} us, 1 in {one * 1e6:.1f} us of "
+        f"graph replay -> {launch * 1e6:.2f} us per kernel"
+    )
+    n = sizes.elements
+    feeds = {"a": _random((n,), np.float32, 1), "b": _random((n,), np.float32, 2)}
+    seconds = timer.time(_add_graph(n), feeds) - overhead
+    bandwidth = 3 * n * 4 / seconds
+    samples = [Sample(f"add {n} f32", "", n, 3 * n * 4, seconds)]
+    note(f"bandwidth: Add of {n} f32 in {seconds * 1e3:.3f} ms -> {bandwidth / 1e9:.1f} GB/s")
+
+    def measure(
+        what: str, kind: str, flops: float, nbytes: float, graph: Graph, feeds: Any
+    ) -> None:
+        seconds = max(timer.time(graph, feeds) - overhead, launch)
+        samples.append(Sample(what, kind, flops, nbytes, seconds))
+        note(f"{what}: {seconds * 1e6:.1f} us -> {flops / seconds / 1e12:.1f} TFLOP/s")
+
+    for kind in ("f32", "f16"):
+        item = _DTYPE[kind].itemsize
+        for m, n, k in GEMM_SHAPES[:4] if quick else GEMM_SHAPES:
+            a = {"x": _random((m, k), _NUMPY[kind], 3)}
+            graph = _gemm_graph(m, n, k, _DTYPE[kind])
+            measure(
+                f"gemm {kind} {m}x{n}x{k}",
+                kind,
+                2 * m * n * k,
+                (m * k + k * n + m * n) * item,
+                graph,
+                a,
+            )
+        for batch, channels, size in CONV_SHAPES[:1] if quick else CONV_SHAPES:
+            flops = 2 * 2 * batch * channels * channels * 9 * size * size
+            nbytes = (3 * batch * channels * size * size + 2 * channels * channels * 9) * item
+            a = {"x": _random((batch, channels, size, size), _NUMPY[kind], 4)}
+            graph = _conv_graph(batch, channels, size, _DTYPE[kind])
+            measure(
+                f"2 convs {kind} {batch}x{channels}x{size}x{size} 3x3",
+                kind,
+                flops,
+                nbytes,
+                graph,
+                a,
+            )
+    for kind, size in sizes.matmul.items():
+        a = {"x": _random((size, size), _NUMPY[kind], 3)}
+        item = _DTYPE[kind].itemsize
+        graph = _gemm_graph(size, size, size, _DTYPE[kind])
+        measure(f"gemm {kind} {size}^3", kind, 2 * size**3, 3 * size**2 * item, graph, a)
+    peak = {}
+    for kind in ("f32", "f16", "f64"):
+        fitted = [s for s in samples if s.kind == kind]
+        peak[kind] = fit_peak(fitted, bandwidth, launch)
+        note(f"peak {kind}: fitted to {len(fitted)} kernels -> {peak[kind] / 1e12:.1f} TFLOP/s")
+    return bandwidth, peak, launch, samples
+
+
+class _HostTimer:
+    """Times graphs on the CPU: the best over trials of the mean over a batch of runs."""
+
+    def __init__(self, trials: int) -> None:
         self.trials = trials
-        self._gpu: Any = None
-        if device == "cuda":
-            import knopt.cuda
-
-            if not knopt.cuda.is_available():
-                raise KnoptError(
-                    "cannot calibrate 'cuda': no usable NVIDIA GPU or the CUDA packages are "
-                    "missing (pip install knopt[cuda])"
-                )
-            from knopt.cuda.driver import Gpu
-
-            self._gpu = Gpu()
 
     def time(self, graph: Graph, feeds: dict[str, np.ndarray]) -> float:
-        """Seconds per run of `graph` on `feeds` (inputs already on the device)."""
-        session = Session(graph, self.device, optimize=False)
-        inputs = feeds if self._gpu is None else {k: self._upload(v) for k, v in feeds.items()}
-
-        def run() -> Any:
-            return session.run(None, inputs, device_outputs=self._gpu is not None)
-
-        finish = _finisher(run())  # the first run compiles (cuda) and warms caches
+        """Seconds per run of `graph` on `feeds`."""
+        session = Session(graph, "cpu", optimize=False)
+        session.run(None, feeds)  # warms caches
         runs = 1
         start = time.perf_counter()
         while time.perf_counter() - start < 0.05 and runs < 1000:
-            finish(run())
+            session.run(None, feeds)
             runs += 1
         batch = max(1, runs // 2)
         best = float("inf")
         for _ in range(self.trials):
             began = time.perf_counter()
-            for _ in range(batch - 1):
-                run()
-            finish(run())
+            for _ in range(batch):
+                session.run(None, feeds)
             best = min(best, (time.perf_counter() - began) / batch)
         return best
 
-    def _upload(self, array: np.ndarray) -> Any:
-        from knopt.cuda.executor import DeviceArray
 
-        gpu = self._gpu
-        address = gpu.allocate(array.nbytes)
-        gpu.upload(address, array)
-        gpu.sync()
-        return DeviceArray(address, array.shape, array.dtype, gpu.stream_handle, gpu)
+class _GpuTimer:
+    """Times graphs on the GPU: device time of replays of the captured program, best of trials.
 
+    Raises:
+        KnoptError: If there is no usable GPU.
+    """
 
-def _finisher(outputs: list[Any]) -> Callable[[list[Any]], None]:
-    """How to wait for a run's work: GPU results wait on their stream; host ones are done."""
-    gpu = getattr(outputs[0], "gpu", None)
+    TRIAL_SECONDS = 2e-3
 
-    def finish(results: list[Any]) -> None:
-        if gpu is not None:
-            gpu.sync()
+    def __init__(self, trials: int) -> None:
+        import knopt.cuda
 
-    return finish
+        if not knopt.cuda.is_available():
+            raise KnoptError(
+                "cannot calibrate 'cuda': no usable NVIDIA GPU or the CUDA packages are "
+                "missing (pip install knopt[cuda])"
+            )
+        from knopt.cuda.driver import Gpu
+
+        self.trials = trials
+        self.gpu = Gpu()
+
+    def time(self, graph: Graph, feeds: dict[str, np.ndarray]) -> float:
+        """Seconds of device time per replay of `graph`'s program (not optimized)."""
+        from knopt.cuda.executor import Executable
+        from knopt.cuda.planner import build_plan
+
+        executable = Executable(build_plan(program_from_graph(graph)), self.gpu)
+        executable.run(feeds, device_outputs=True)  # eager run, then capture
+        gpu = self.gpu
+
+        def replays(count: int) -> float:
+            start = gpu.event()
+            for _ in range(count):
+                executable.replay()
+            return gpu.elapsed_ms(start, gpu.event()) / 1e3 / count
+
+        replays(3)  # warm: uploads, clocks
+        count = max(1, min(1000, math.ceil(self.TRIAL_SECONDS / replays(1))))
+        return min(replays(count) for _ in range(self.trials))
 
 
 def _random(shape: tuple[int, ...], dtype: Any, seed: int) -> np.ndarray:
@@ -211,6 +359,25 @@ def _matmul_graph(n: int, dtype: DType) -> Graph:
     return g.build()
 
 
+def _gemm_graph(m: int, n: int, k: int, dtype: DType) -> Graph:
+    """`x @ w` with `w` a constant, as a model's projection is (scaled to keep sums near 1)."""
+    g = GraphBuilder("calibrate-gemm")
+    w = _random((k, n), dtype.numpy, 6) / k
+    g.output(g.matmul(g.input("x", (m, k), dtype), g.constant(w)), "y")
+    return g.build()
+
+
+def _conv_graph(batch: int, channels: int, size: int, dtype: DType) -> Graph:
+    """Two 3x3 convolutions, one after the other, as in a ResNet stage."""
+    g = GraphBuilder("calibrate-conv")
+    y = g.input("x", (batch, channels, size, size), dtype)
+    for seed in (7, 8):
+        w = _random((channels, channels, 3, 3), dtype.numpy, seed) / (channels * 9)
+        y = g.conv(y, g.constant(w), strides=(1, 1), pads=((1, 1), (1, 1)), dilations=(1, 1))
+    g.output(y, "y")
+    return g.build()
+
+
 def _chain_graph(length: int) -> Graph:
     g = GraphBuilder("calibrate-launch")
     value = g.input("x", (1,), DType.F32)
@@ -220,4 +387,4 @@ def _chain_graph(length: int) -> Graph:
     return g.build()
 
 
-__all__ = ["Calibration", "calibrate"]
+__all__ = ["GEMM_SHAPES", "Calibration", "Sample", "calibrate", "fit_peak"]

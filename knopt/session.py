@@ -1,10 +1,19 @@
-"""`Session`: a compiled model, run like onnxruntime's `InferenceSession`."""
+"""`Session`: a compiled model, run like onnxruntime's `InferenceSession`.
+
+A session optimizes its model once, on the symbolic graph, and binds the result to the
+actual sizes of each run: binding and planning take milliseconds, so a new batch size or
+sequence length costs no optimizer run (and on cuda no kernel compile). What is made per set of
+sizes (a bound graph on cpu; a plan, library plans and a CUDA graph on cuda) is kept for the
+SIZES_KEPT sets used most recently.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -12,8 +21,18 @@ from knopt.cache import ProgramCache, open_cache
 from knopt.cpu.executor import run_graph
 from knopt.errors import InputError, KnoptError
 from knopt.ir.bind import bind_symbols, infer_sizes
+from knopt.ir.dims import SizeProfile
 from knopt.ir.graph import Graph
-from knopt.onnx.load import import_model, input_sizes
+from knopt.ir.kvcache import (
+    CacheLayout,
+    CacheStep,
+    HostCaches,
+    cache_step,
+    decoding_steps,
+    describe_cache,
+)
+from knopt.ir.kvcache import widen_mask as widen_cache_mask
+from knopt.onnx.load import import_model, input_sizes, input_symbols
 from knopt.opt.cost import DeviceProfile, find_profile
 from knopt.opt.optimize import OptimizeResult
 from knopt.opt.optimize import optimize as optimize_graph
@@ -22,6 +41,21 @@ if TYPE_CHECKING:
     from onnx import ModelProto
 
 DEVICES = ("cpu", "cuda", "best")
+SIZES_KEPT = 32  # sets of sizes whose bound graph (cpu) or plan and CUDA graph (cuda) are kept
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def remember(cache: OrderedDict[K, V], key: K, make: Callable[[], V], limit: int) -> V:
+    """`cache[key]`, made by `make()` if missing; the least recently used beyond `limit` go."""
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    value = cache[key] = make()
+    while len(cache) > limit:
+        cache.popitem(last=False)
+    return value
 
 
 def _shape(value: Any) -> tuple[int, ...]:
@@ -30,23 +64,46 @@ def _shape(value: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in shape) if shape is not None else np.shape(value)
 
 
+@dataclass
+class SessionStats:
+    """What a session has done so far (for tests and benchmarks).
+
+    Attributes:
+        optimizer_runs: Optimizations run (one per model and precision, however many sizes).
+        bindings: Sets of sizes the model was bound (cpu) or planned (cuda) for.
+    """
+
+    optimizer_runs: int = 0
+    bindings: int = 0
+
+
 class Session:
     """A graph prepared for one device. Create it with `knopt.compile`.
 
-    Graphs with symbolic sizes are bound to the actual input shapes at each run; the bound graph
-    is kept per distinct set of sizes (and on "cuda", its compiled GPU program).
+    The graph may have symbolic sizes (a dynamic batch or sequence): it is optimized once, with
+    kernels costed at the profile's "opt" sizes, and bound to the actual sizes at each run.
 
     Args:
         device: "cpu", "cuda", or "best" (cuda when a GPU is usable, else cpu).
         precision: On cuda: "f32" (strict), "tf32", "fp16" or "bf16".
-        optimize: Optimize each bound graph first (default: on cuda only).
+        optimize: Optimize the graph first (default: on cuda only).
         profile: The cost model for optimizing: a built-in name, a `knopt calibrate` file or
             a `DeviceProfile` (default: "h200-graph" on cuda, "cpu" on cpu).
-        cache: A `knopt.cache.ProgramCache` or its folder: optimized programs are read from it
-            when present and written to it when made; on cuda it also holds NVRTC's cubins.
+        dims: The range of symbolic sizes, by name: `(min, opt, max)` or an int that fixes
+            the size. Runs outside the ranges are refused; sizes not named are free.
+        resident: Outputs to keep after each run and feed back as inputs of the next, by
+            output name (`{"present.0.key": "past_key_values.0.key"}`): see `knopt.ir.kvcache`.
+        cache_mask: With `resident`, the attention mask input (1 = attend) that lets the caches
+            be static: preallocated for the largest sizes of `dims`, with one plan serving a
+            bucket of cached lengths (see `knopt.ir.kvcache`).
+        cache: A `knopt.cache.ProgramCache` or its folder: the optimized program (one for every
+            size) is read from it when present and written to it when made; on cuda it also
+            holds NVRTC's cubins.
 
     Raises:
-        KnoptError: If the device or precision is unknown, or "cuda" has no usable GPU.
+        KnoptError: If the device or precision is unknown, "cuda" has no usable GPU, or the
+            resident pairs are not caches.
+        InputError: If `dims` names a size the model does not have or a range is malformed.
     """
 
     def __init__(
@@ -57,11 +114,25 @@ class Session:
         precision: str = "f32",
         optimize: bool | None = None,
         profile: str | os.PathLike[str] | DeviceProfile | None = None,
+        dims: Mapping[str, object] | None = None,
+        resident: Mapping[str, str] | None = None,
+        cache_mask: str | None = None,
         cache: str | os.PathLike[str] | ProgramCache | None = None,
     ) -> None:
         self.graph = graph
-        self._symbolic = bool(graph.symbols())
+        self.dims = SizeProfile.parse(dims, graph.symbols())
         self._prepare(device, precision, optimize, profile, cache)
+        if self._cuda is not None:
+            self._cuda.dims = self.dims
+            self._cuda.stats = self.stats
+        self._cache: CacheLayout | None = None
+        self._host_caches: HostCaches | None = None
+        if resident:
+            self._cache = describe_cache(graph, resident, cache_mask, self.dims)
+            if self._cuda is None:
+                self._host_caches = HostCaches(graph, self._cache)
+        elif cache_mask is not None:
+            raise KnoptError("cache_mask needs resident caches (resident={output: input})")
 
     def _prepare(
         self,
@@ -88,14 +159,15 @@ class Session:
                 device = "cpu"
         self.device = device
         self.precision = precision
-        self._bound: dict[tuple[tuple[str, int], ...], Graph] = {}
+        self.stats = SessionStats()
+        self._bound: OrderedDict[tuple[tuple[str, int], ...], Graph] = OrderedDict()
         self._cuda: Any = None
         if device == "cuda":
             from knopt.cuda.runner import CudaRunner
 
             self._cuda = CudaRunner(precision)
         self.optimize = device == "cuda" if optimize is None else optimize
-        self._optimized: dict[Graph, OptimizeResult] = {}
+        self._optimized: OrderedDict[Graph, OptimizeResult] = OrderedDict()
         self.profile: str | os.PathLike[str] | DeviceProfile = profile or (
             "h200-graph" if device == "cuda" else "cpu"
         )
@@ -115,6 +187,18 @@ class Session:
         """The model's output names, in order."""
         return self.graph.output_names
 
+    @property
+    def optimized(self) -> OptimizeResult | None:
+        """What the optimizer made of the model (made on first use), or None without it."""
+        return self._optimize(self.graph) if self.optimize else None
+
+    def reset(self) -> None:
+        """Forget the resident caches: the next run starts from empty ones."""
+        if self._host_caches is not None:
+            self._host_caches.reset()
+        if self._cuda is not None:
+            self._cuda.reset_caches()
+
     def run(
         self,
         output_names: Sequence[str] | None,
@@ -128,58 +212,134 @@ class Session:
             output_names: The outputs to return, or None for all of them in order.
             feeds: One array per model input, by name: numpy arrays, or on "cuda" also GPU
                 arrays (torch, cupy: anything with `__dlpack__`), which are read in place.
+                Resident inputs may be left out: the kept outputs of the last run are used.
             device_outputs: On "cuda", return the results as `knopt.cuda.executor.DeviceArray`s
-                left on the GPU (valid until the next run) instead of numpy arrays.
+                left on the GPU (valid until the next run) instead of numpy arrays. Resident
+                outputs come back as numpy arrays either way.
 
         Returns:
             The requested outputs, in the requested order.
 
         Raises:
-            InputError: If a feed is missing, unknown, or of the wrong shape or dtype, or an
-                output name is unknown.
+            InputError: If a feed is missing, unknown, or of the wrong shape or dtype, a size
+                is outside the session's range, or an output name is unknown.
         """
         unknown = sorted(set(feeds) - set(self.input_names))
         if unknown:
             raise InputError(f"unknown input(s) {unknown}; the model takes {self.input_names}")
-        missing = [name for name in self.input_names if name not in feeds]
+        optional = self._cache.inputs if self._cache is not None else frozenset()
+        missing = [n for n in self.input_names if n not in feeds and n not in optional]
         if missing:
             raise InputError(f"missing input(s) {missing}; the model takes {self.input_names}")
         wanted = self.output_names if output_names is None else list(output_names)
         not_outputs = [name for name in wanted if name not in self.output_names]
         if not_outputs:
             raise InputError(f"unknown output(s) {not_outputs}; the model has {self.output_names}")
-        if self._cuda is not None:
-            graph = self._graph_for({name: _shape(value) for name, value in feeds.items()})
-            source = self._optimize(graph).program if self.optimize else graph
-            outputs = self._cuda.run(source, feeds, device_outputs)
-            results = dict(zip(graph.output_names, outputs, strict=True))
-        else:
-            arrays = {name: np.asarray(value) for name, value in feeds.items()}
-            graph = self._graph_for({name: a.shape for name, a in arrays.items()})
-            if self.optimize:
-                graph = self._optimize(graph).graph
-            results = dict(zip(graph.output_names, run_graph(graph, arrays), strict=True))
+        if self._cache is not None:
+            return self._run_cached(wanted, feeds, device_outputs)
+        sizes = self._sizes({name: _shape(value) for name, value in feeds.items()})
+        results = self._run_sized(sizes, feeds, device_outputs)
         return [results[name] for name in wanted]
 
-    def _optimize(self, graph: Graph) -> OptimizeResult:
-        """The optimized form of a bound graph, made once (the device's cost model)."""
-        if graph not in self._optimized:
-            if self.cache is not None:
-                self._optimized[graph] = self.cache.optimize(
-                    graph, find_profile(self.profile), device=self.device, precision=self.precision
-                )
-            else:
-                self._optimized[graph] = optimize_graph(graph, profile=self.profile)
-        return self._optimized[graph]
+    def _sizes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+        """The named sizes of a run, checked against the profile."""
+        if not self.graph.symbols():
+            return {}
+        sizes = infer_sizes(self.graph, shapes)
+        self.dims.check(sizes)
+        return sizes
 
-    def _graph_for(self, shapes: Mapping[str, Sequence[int]]) -> Graph:
-        if not self._symbolic:
+    def _run_sized(
+        self, sizes: Mapping[str, int], feeds: Mapping[str, Any], device_outputs: bool
+    ) -> dict[str, Any]:
+        """Every output of a run at `sizes`, by name."""
+        if self._cuda is not None:
+            outputs = self._cuda.run(self._program(), sizes, feeds, device_outputs)
+        else:
+            arrays = {name: np.asarray(value) for name, value in feeds.items()}
+            outputs = run_graph(self._graph_for(sizes), arrays)
+        return dict(zip(self.output_names, outputs, strict=True))
+
+    def _run_cached(
+        self, wanted: list[str], feeds: Mapping[str, Any], device_outputs: bool
+    ) -> list[Any]:
+        """A run that appends to the resident caches (`knopt.ir.kvcache`)."""
+        layout = self._cache
+        assert layout is not None
+        if self._host_caches is not None:
+            self._host_caches.load(feeds)
+            length = self._host_caches.length
+        else:
+            length = self._cuda.load_caches(self._program(), layout, self.graph, feeds)
+        shapes = {n: _shape(v) for n, v in feeds.items() if n not in layout.inputs}
+        step = cache_step(self.graph, layout, shapes, length)
+        self.dims.check(step.actual)
+        run_feeds = {n: v for n, v in feeds.items() if n not in layout.inputs}
+        if layout.mask is not None:
+            run_feeds[layout.mask] = widen_cache_mask(feeds[layout.mask], step)
+        return self._append(wanted, run_feeds, step, device_outputs)
+
+    def _append(
+        self, wanted: list[str], feeds: dict[str, Any], step: CacheStep, device_outputs: bool
+    ) -> list[Any]:
+        layout = self._cache
+        assert layout is not None
+        if self._host_caches is not None:
+            feeds.update(self._host_caches.inputs(step))
+            results = self._run_sized(step.sizes, feeds, False)
+            self._host_caches.update(results, step)
+            kept = {name: self._host_caches.output(name) for name in layout.outputs}
+        else:
+            program = self._program()
+            outputs = self._cuda.run(program, step.sizes, feeds, device_outputs, step)
+            results = dict(zip(self.output_names, outputs, strict=True))
+            if step.added != 1 and layout.mask is not None:
+                # A prefill: prepare the decoding steps' kernels now, not at the first step.
+                self._cuda.warm_steps(program, decoding_steps(self.graph, layout, step))
+            kept = {
+                name: self._cuda.cache_output(self._program(), name)
+                for name in layout.outputs & set(wanted)
+            }
+        return [kept[name] if name in layout.outputs else results[name] for name in wanted]
+
+    # ---- what is made once, and per set of sizes ----------------------------------------
+
+    def _optimized_graph(self) -> Graph:
+        """The graph as it runs: the optimizer's result (made once) or the graph itself."""
+        if not self.optimize:
             return self.graph
-        sizes = infer_sizes(self.graph, {name: tuple(shape) for name, shape in shapes.items()})
-        key = tuple(sorted(sizes.items()))
-        if key not in self._bound:
-            self._bound[key] = bind_symbols(self.graph, sizes)
-        return self._bound[key]
+        return self._optimize(self.graph).graph
+
+    def _optimize(self, graph: Graph) -> OptimizeResult:
+        """The optimized form of a graph, made once, costed at the profile's opt sizes."""
+
+        def run() -> OptimizeResult:
+            self.stats.optimizer_runs += 1
+            sizes = self.dims.representative
+            if self.cache is not None:
+                profile = find_profile(self.profile)
+                return self.cache.optimize(
+                    graph, profile, device=self.device, precision=self.precision, sizes=sizes
+                )
+            return optimize_graph(graph, profile=self.profile, sizes=sizes)
+
+        return remember(self._optimized, graph, run, SIZES_KEPT)
+
+    def _program(self) -> Any:
+        """What the cuda runner runs: the optimized Program, or the graph itself."""
+        return self._optimize(self.graph).program if self.optimize else self.graph
+
+    def _graph_for(self, sizes: Mapping[str, int]) -> Graph:
+        """The graph to run on the cpu, bound to `sizes` (kept for SIZES_KEPT sets)."""
+        graph = self._optimized_graph()
+        if not sizes:
+            return graph
+
+        def bind() -> Graph:
+            self.stats.bindings += 1
+            return bind_symbols(graph, sizes)
+
+        return remember(self._bound, tuple(sorted(sizes.items())), bind, SIZES_KEPT)
 
 
 class PerSizeSession(Session):
@@ -189,14 +349,17 @@ class PerSizeSession(Session):
     an LSTM unrolled over a dynamic sequence, or two dynamic axes that the exporter named
     apart but that meet where they must be equal. Each run fixes the sizes from the actual
     inputs and imports the model with them (once per distinct set), so it runs wherever a
-    static export of it would. `graph` is the graph of the latest run's sizes.
+    static export of it would; such a model is optimized once per set of sizes. `graph` is
+    the graph of the latest run's sizes.
 
     Args:
         model: The ONNX model.
         device, precision, optimize, profile, cache: As for `Session`.
+        dims: As for `Session`; the ranges apply to the model's input sizes.
 
     Raises:
         KnoptError: If the device or precision is unknown, or "cuda" has no usable GPU.
+        InputError: If `dims` names a size the model's inputs do not have.
     """
 
     def __init__(
@@ -207,13 +370,20 @@ class PerSizeSession(Session):
         precision: str = "f32",
         optimize: bool | None = None,
         profile: str | os.PathLike[str] | DeviceProfile | None = None,
+        dims: Mapping[str, object] | None = None,
         cache: str | os.PathLike[str] | ProgramCache | None = None,
     ) -> None:
         initializers = {t.name for t in model.graph.initializer}
         self.model = model
         self._input_names = [i.name for i in model.graph.input if i.name not in initializers]
         self._output_names = [o.name for o in model.graph.output]
+        self.dims = SizeProfile.parse(dims, input_symbols(model))
         self._prepare(device, precision, optimize, profile, cache)
+        if self._cuda is not None:
+            self._cuda.dims = self.dims
+            self._cuda.stats = self.stats
+        self._cache = None
+        self._host_caches = None
 
     @property
     def input_names(self) -> list[str]:
@@ -225,10 +395,26 @@ class PerSizeSession(Session):
         """The model's output names, in order."""
         return self._output_names
 
-    def _graph_for(self, shapes: Mapping[str, Sequence[int]]) -> Graph:
-        sizes = input_sizes(self.model, {name: tuple(s) for name, s in shapes.items()})
+    def _sizes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+        sizes = input_sizes(self.model, shapes)
+        self.dims.check(sizes)
+        return sizes
+
+    def _run_sized(
+        self, sizes: Mapping[str, int], feeds: Mapping[str, Any], device_outputs: bool
+    ) -> dict[str, Any]:
         key = tuple(sorted(sizes.items()))
-        if key not in self._bound:
-            self._bound[key] = import_model(self.model, sizes)
-        self.graph = self._bound[key]
-        return self.graph
+
+        def load() -> Graph:
+            self.stats.bindings += 1
+            return import_model(self.model, sizes)
+
+        self.graph = remember(self._bound, key, load, SIZES_KEPT)
+        if self._cuda is not None:
+            source = self._optimize(self.graph).program if self.optimize else self.graph
+            outputs = self._cuda.run(source, {}, feeds, device_outputs)
+        else:
+            graph = self._optimize(self.graph).graph if self.optimize else self.graph
+            arrays = {name: np.asarray(value) for name, value in feeds.items()}
+            outputs = run_graph(graph, arrays)
+        return dict(zip(self.output_names, outputs, strict=True))

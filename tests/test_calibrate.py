@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import knopt
-from knopt.calibrate import Calibration, calibrate
+from knopt.calibrate import Calibration, Sample, calibrate, fit_peak
 from knopt.cli import main
 from knopt.errors import KnoptError
 from knopt.opt.cost import CPU, find_profile, load_profile
@@ -39,12 +39,28 @@ def test_every_figure_is_measured_finite_and_in_a_plausible_range(measured: Cali
     assert profile.peak["int"] == CPU.peak["int"]
     assert profile.per_op_launch and measured.base is CPU
     topics = [line.split(":")[0] for line in measured.notes]
-    assert topics == ["bandwidth", "peak f32", "peak f64", "peak f16", "peak int", "launch"]
+    assert topics == ["bandwidth", "peak f32", "peak f64", "peak f16", "launch", "peak int"]
+    assert [s.kind for s in measured.samples] == ["", "f32", "f64", "f16"]
+
+
+def test_the_fitted_peak_is_the_one_that_made_the_samples() -> None:
+    bandwidth, launch, peak = 4e12, 1e-6, 400e12
+
+    def sample(m: int, n: int, k: int) -> Sample:
+        flops, nbytes = 2.0 * m * n * k, 2.0 * (m * k + k * n + m * n)
+        return Sample("gemm", "f16", flops, nbytes, launch + max(nbytes / bandwidth, flops / peak))
+
+    samples = [sample(128, 768, 768), sample(4096, 3072, 768), sample(8192, 8192, 8192)]
+    assert fit_peak(samples, bandwidth, launch) == pytest.approx(peak, rel=0.02)
+    # Kernels slower than the roofline at some sizes pull the fitted peak down.
+    slower = [dataclasses.replace(s, seconds=s.seconds * 1.5) for s in samples]
+    assert fit_peak(slower, bandwidth, launch) < peak
 
 
 def test_profile_file_round_trips(measured: Calibration, tmp_path: Path) -> None:
     path = tmp_path / "here.json"
-    path.write_text(json.dumps(measured.profile.to_json()))
+    path.write_text(json.dumps(measured.to_json()))
+    assert json.loads(path.read_text())["samples"][0]["what"].startswith("add")
     assert load_profile(path) == measured.profile
     assert find_profile(str(path)) == measured.profile
     assert find_profile(path) == measured.profile
@@ -143,6 +159,7 @@ def test_cli_writes_a_profile_that_optimize_takes(
     err = capsys.readouterr().err
     assert "bandwidth:" in err and "against the built-in 'cpu' estimates" in err
     assert load_profile(path).name == "mine"
+    assert len(json.loads(path.read_text())["samples"]) == 4
     out = tmp_path / "mlp.onnx"
     args = ["optimize", str(MLP.path), "--device-profile", str(path), "-o", str(out)]
     assert main(args) == 0

@@ -139,6 +139,17 @@ def test_run_rejects_unreadable_inputs(
     assert str(path) in capsys.readouterr().err
 
 
+def test_run_takes_size_ranges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    feeds: dict[str, Any] = GPT2.feeds()
+    batch, seq = feeds["input_ids"].shape
+    np.savez(tmp_path / "in.npz", **feeds)
+    args = ["run", str(GPT2.path), "--inputs", str(tmp_path / "in.npz"), "--dims"]
+    assert main([*args, f"seq=1:{seq}:{seq + 4}"]) == 0
+    assert f"shape [{batch}, {seq}," in capsys.readouterr().out
+    assert main([*args, f"seq=1:{seq - 1}:{seq - 1}"]) == 2
+    assert f"size 'seq' is {seq}, outside" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("dims", ["batch", "batch=0", "=2", "batch=two"])
 def test_run_rejects_malformed_dims(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], dims: str

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,9 +51,21 @@ class CacheKey:
         return asdict(self)
 
 
-def cache_key(graph: Graph, profile: DeviceProfile, device: str, precision: str) -> CacheKey:
-    """The key of the optimized program of `graph` for this device, precision and profile."""
-    profile_text = json.dumps(profile.to_json(), sort_keys=True)
+def cache_key(
+    graph: Graph,
+    profile: DeviceProfile,
+    device: str,
+    precision: str,
+    sizes: Mapping[str, int] | None = None,
+) -> CacheKey:
+    """The key of the optimized program of `graph` for this device, precision and profile.
+
+    `sizes`, the sizes symbolic dimensions are costed at, count as part of the profile.
+    """
+    costing = profile.to_json()
+    if sizes:
+        costing["sizes"] = dict(sorted(sizes.items()))
+    profile_text = json.dumps(costing, sort_keys=True)
     return CacheKey(
         knopt=knopt_build(),
         device=device,

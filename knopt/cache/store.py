@@ -24,7 +24,7 @@ import json
 import os
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,21 +88,28 @@ class ProgramCache:
         return self.directory / "programs" / f"{key.name}.npz"
 
     def optimize(
-        self, graph: Graph, profile: DeviceProfile, *, device: str, precision: str
+        self,
+        graph: Graph,
+        profile: DeviceProfile,
+        *,
+        device: str,
+        precision: str,
+        sizes: Mapping[str, int] | None = None,
     ) -> OptimizeResult:
         """The optimized program of `graph`: read from the cache, or optimized and written.
 
         Args:
-            graph: The graph with all sizes bound.
+            graph: The graph (its symbolic sizes stay symbolic).
             profile: The cost model to optimize with.
             device: "cpu" or "cuda" (this process's GPU, by its fingerprint).
             precision: The session's precision.
+            sizes: The sizes symbolic dimensions are costed at (`knopt.optimize`'s `sizes`).
 
         Raises:
             KnoptError: If optimizing fails or the entry cannot be written.
             CudaError: If the GPU cannot be queried for its fingerprint.
         """
-        key = cache_key(graph, profile, device_fingerprint(device), precision)
+        key = cache_key(graph, profile, device_fingerprint(device), precision, sizes)
         found = self._read(key)
         if found is not None:
             return found
@@ -111,7 +118,7 @@ class ProgramCache:
             found = self._read(key, count_ignored=False)
             if found is not None:
                 return found
-            result = optimize(graph, profile=profile)
+            result = optimize(graph, profile=profile, sizes=sizes)
             self.write(key, result)
         return result
 

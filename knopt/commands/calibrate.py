@@ -16,8 +16,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "calibrate",
         help="measure bandwidth, FLOP/s and launch cost here, as a device profile",
         description="Measure a cost-model profile on this machine through knopt's own "
-        "executor, and write it as JSON (to stdout without -o). Pass the file to "
-        "`knopt optimize --device-profile FILE` or `knopt.optimize(profile=FILE)`.",
+        "executor, and write it as JSON (to stdout without -o), with the measurements it was "
+        "fitted to. Pass the file to `knopt optimize --device-profile FILE` or "
+        "`knopt.optimize(profile=FILE)`.",
     )
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="where to measure (default: cpu)"
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         quick=args.quick,
         progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True),
     )
-    text = json.dumps(result.profile.to_json(), indent=2) + "\n"
+    text = json.dumps(result.to_json(), indent=2) + "\n"
     base, measured = result.base, result.profile
     ratios = {
         "bandwidth": measured.bandwidth / base.bandwidth,

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import knopt
-from knopt.commands.common import parse_dims
+from knopt.commands.common import parse_ranges
 from knopt.errors import KnoptError
-from knopt.onnx.load import default_opset, load_model
+from knopt.ir.dims import SizeProfile
+from knopt.onnx.load import default_opset, input_symbols, load_model
 from knopt.opt.cost import PROFILES
 from knopt.opt.egraph import Limits
 from knopt.opt.explain import format_report, to_html
@@ -55,8 +56,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--dims",
         action="append",
         default=[],
-        metavar="NAME=SIZE",
-        help="fix a symbolic input size (repeatable)",
+        metavar="NAME=SIZE|NAME=MIN:OPT:MAX",
+        help="fix a symbolic input size (batch=2), or keep it symbolic and cost kernels at "
+        "OPT (seq=1:128:512); repeatable",
     )
     parser.add_argument(
         "--time-limit",
@@ -106,9 +108,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     model = load_model(args.model)
-    graph = knopt.onnx.import_model(model, parse_dims(args.dims))
+    ranges = SizeProfile.parse(parse_ranges(args.dims), input_symbols(model))
+    graph = knopt.onnx.import_model(model, ranges.fixed)
     result = knopt.optimize(
         graph,
+        sizes=ranges.representative,
         rules=args.rules,
         profile=args.device_profile,
         limits=Limits(seconds=args.time_limit, nodes=args.node_limit),

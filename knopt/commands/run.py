@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 import knopt
-from knopt.commands.common import parse_dims
+from knopt.commands.common import parse_ranges
 from knopt.errors import InputError, KnoptError
 
 
@@ -30,8 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--dims",
         action="append",
         default=[],
-        metavar="NAME=SIZE",
-        help="fix a symbolic input size when loading, such as batch=2 (repeatable)",
+        metavar="NAME=SIZE|NAME=MIN:OPT:MAX",
+        help="fix a symbolic input size, such as batch=2, or bound it, such as seq=1:128:512 "
+        "(min, the size kernels are costed at, max); repeatable",
     )
     parser.add_argument(
         "--device",
@@ -50,11 +51,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the model and write or print its outputs."""
-    dims = parse_dims(args.dims)
-    # Without sizes, compile from the file: a model that imports only with fixed sizes then
-    # imports once per input shape.
-    model = knopt.load(args.model, dims) if dims else args.model
-    session = knopt.compile(model, args.device, precision=args.precision)
+    session = knopt.compile(
+        args.model, args.device, precision=args.precision, dims=parse_ranges(args.dims)
+    )
     feeds = _read_inputs(Path(args.inputs))
     missing = [name for name in session.input_names if name not in feeds]
     if missing:

@@ -39,7 +39,8 @@ def prepare(program: Program, precision: str = "f32") -> Executable:
 
     Args:
         program: The kernels to run, such as `knopt.ir.program.program_from_graph(graph)`.
-        precision: "f32" (strict, no TF32), "tf32", "fp16" or "bf16".
+        precision: "f32" (f32 accuracy: strict, or 3xTF32 GEMMs where they pay), "tf32"
+            (plain TF32 GEMMs and convolutions), "fp16" or "bf16".
 
     Raises:
         KnoptError: If the precision is unknown or the program has symbolic sizes.

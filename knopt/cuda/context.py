@@ -15,7 +15,7 @@ from knopt.cuda.layout import Layout
 from knopt.cuda.steps import Step
 from knopt.ir.dtype import DType
 
-REGIONS = ("constant", "input", "output", "arena")
+REGIONS = ("constant", "input", "output", "arena", "resident")
 
 
 @dataclass
@@ -39,7 +39,8 @@ class Buffer:
 
     Attributes:
         region: "constant" and "input" are filled before a run, "output" holds results until
-            the next run, and "arena" buffers share memory when their lifetimes do not overlap.
+            the next run, "arena" buffers share memory when their lifetimes do not overlap,
+            and "resident" buffers (key/value caches) outlive runs at offsets fixed in advance.
         offset: Bytes from the start of the region (set by the planner).
         first: The first step that touches the buffer (arena buffers).
         last: The last step that touches it.
@@ -61,6 +62,8 @@ class LoweringContext:
         precision: "f32", "tf32", "fp16" or "bf16": how library calls compute.
         constants: Buffer id -> data, for buffers of the constant region.
         where: What is being lowered now (a kernel), for error messages.
+        derived: Tensors made from others while lowering (a channels-last copy, a split GEMM
+            operand), by (purpose, source...), so that readers of one source share one.
     """
 
     precision: str = "f32"
@@ -69,6 +72,7 @@ class LoweringContext:
     steps: list[Step] = field(default_factory=list)
     constants: dict[int, np.ndarray] = field(default_factory=dict)
     where: str = ""
+    derived: dict[tuple[object, ...], int] = field(default_factory=dict)
 
     def tensor(self, tid: int) -> PlanTensor:
         """Plan tensor `tid`."""
@@ -97,6 +101,41 @@ class LoweringContext:
         """A contiguous tensor with a buffer of its own; returns its id."""
         layout = Layout.contiguous(shape)
         buffer = self.new_buffer(max(layout.numel, 1) * dtype.itemsize, region)
+        return self.add_tensor(dtype, layout, buffer)
+
+    def constant_value(
+        self,
+        tid: int,
+        shape: tuple[int, ...] | None = None,
+        strides: tuple[int, ...] | None = None,
+    ) -> np.ndarray | None:
+        """The elements of `tid` if its buffer is a constant, else None.
+
+        Args:
+            tid: The plan tensor.
+            shape: Read this shape instead of the tensor's own ...
+            strides: ... with these strides (elements, from the tensor's first element).
+        """
+        data = self.constants.get(self.tensors[tid].buffer)
+        if data is None:
+            return None
+        layout = self.tensors[tid].layout
+        shape = layout.shape if shape is None else shape
+        strides = layout.strides if strides is None else strides
+        flat = np.ascontiguousarray(data).reshape(-1)
+        view = np.lib.stride_tricks.as_strided(
+            flat[layout.offset :],
+            shape,
+            [s * flat.itemsize for s in strides],
+            writeable=False,
+        )
+        return np.array(view)
+
+    def new_constant(self, data: np.ndarray, dtype: DType, layout: Layout) -> int:
+        """A tensor over a new constant buffer holding `data` (its memory, in memory order)."""
+        data = np.ascontiguousarray(data, dtype=dtype.numpy)
+        buffer = self.new_buffer(max(data.nbytes, dtype.itemsize), "constant")
+        self.constants[buffer] = data
         return self.add_tensor(dtype, layout, buffer)
 
     def emit(self, step: Step) -> None:

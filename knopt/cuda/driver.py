@@ -79,6 +79,14 @@ class Gpu:
         self._buffers.append(buffer)
         return int(buffer.handle)
 
+    def release(self, address: int) -> None:
+        """Free memory that `allocate` returned, once the work queued on the stream is done."""
+        for index, buffer in enumerate(self._buffers):
+            if int(buffer.handle) == address:
+                del self._buffers[index]
+                buffer.close(self.stream)
+                return
+
     def upload(self, address: int, array: np.ndarray) -> None:
         """Copy a host array to device memory at `address`."""
         array = np.ascontiguousarray(array)

@@ -1,37 +1,49 @@
-"""Run a Plan: compile, build library plans, allocate, run once eagerly, then replay a CUDA graph.
+"""Run a Plan: size-generic kernels, library plans, memory, one eager run, then a CUDA graph.
 
-The whole launch list is captured in one graph after the eager run.
+The plans of one program (one per set of sizes) share a `Runtime`: its compiled kernels
+(size-generic, `knopt.cuda.generic`: a plan at a new size reuses them with other launch
+arguments), the weights (uploaded once: the constant region is the same in every plan),
+cuBLASLt and cuDNN plans (keyed by the call's shape, not its tensors), and memory pools for
+the arena, the outputs and the library workspace, which grow to the largest plan. Each
+`Executable` (one plan) has its input region of its own, and captures its launch list into a
+CUDA graph after one eager run.
 
 Inputs come as numpy arrays (copied into the plan's input buffers) or as GPU arrays through
 DLPack or the CUDA array interface, used in place: the graph is captured again whenever their
-addresses change (a few captures are kept). Results are numpy arrays, or `DeviceArray`s over
-the output buffers, valid until the next run.
+addresses change (a few captures are kept), or when a pool has grown. Results are numpy
+arrays, or `DeviceArray`s over the output buffers, valid until the next run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from knopt.cuda import nvrtc
-from knopt.cuda.blas import Blas
-from knopt.cuda.context import REGIONS
-from knopt.cuda.dnn import Dnn
-from knopt.cuda.driver import Gpu
+from knopt.cuda.driver import DEFAULT_SHARED_LIMIT, Gpu
+from knopt.cuda.generic import KernelLibrary, Template
 from knopt.cuda.planner import Plan
-from knopt.cuda.steps import Buf, Conv, Gemm, Launch, Step, describe_step
+from knopt.cuda.steps import Buf, Conv, Gemm, Launch, describe_step, kernel_launches
 from knopt.errors import CudaError, InputError
 from knopt.ir.shape import format_shape
 
+if TYPE_CHECKING:
+    from knopt.cuda.blas import Blas
+    from knopt.cuda.dnn import Dnn
+
 MODULE_KERNELS = 24  # kernels per NVRTC translation unit: headers parse once per unit
-GRAPHS_KEPT = 4
+GRAPHS_KEPT = 2  # CUDA graphs per plan (one per way the inputs were bound)
 ALIGNMENT = 16  # bytes an external input must be aligned to for vector loads
+GROWTH = 1.25  # a pool that must grow takes this much more than asked, for the next size
+POOLS = ("arena", "output", "workspace")
 Binding = tuple[tuple[int, int], ...]  # (input buffer, external address) pairs
+_FALLBACK = Launch("fallback", "", (1, 1, 1), (1, 1, 1), ())  # stands for any fallback launch
 
 
 @dataclass(frozen=True)
@@ -65,80 +77,289 @@ class DeviceArray:
         return self.gpu.download(self.address, np.empty(self.shape, self.dtype))
 
 
-def _kernel_launches(step: Step) -> list[Launch]:
-    if isinstance(step, Launch):
-        return [step]
-    found = [step.fallback] if step.fallback is not None else []
-    if isinstance(step, Conv) and step.direct is not None:
-        found.append(step.direct)
-    return found
+class Pool:
+    """Device memory that the plans of a runtime share, grown for the largest plan.
+
+    Attributes:
+        generation: Counts the moves: a CUDA graph captured at another generation is stale.
+    """
+
+    def __init__(self, gpu: Gpu) -> None:
+        self.gpu = gpu
+        self.address = 0
+        self.nbytes = 0
+        self.generation = 0
+
+    def reserve(self, nbytes: int) -> None:
+        """Make the pool at least `nbytes` long (moving it if it grows)."""
+        if nbytes <= self.nbytes:
+            return
+        if self.address:
+            self.gpu.release(self.address)
+        self.nbytes = -(-int(nbytes * GROWTH) // 256) * 256
+        self.address = self.gpu.allocate(self.nbytes)
+        self.generation += 1
+
+
+@dataclass
+class RuntimeStats:
+    """What a runtime has made.
+
+    Attributes:
+        templates: Size-generic kernels compiled (or read from NVRTC's disk cache).
+        library_plans: cuBLASLt and cuDNN plans built (one per shape).
+    """
+
+    templates: int = 0
+    library_plans: int = 0
+
+
+class Runtime:
+    """What the plans of one program share on one GPU (see the module's docstring).
+
+    Args:
+        gpu: The GPU (a new one when not given).
+        lift: Size-generic kernels (see `KernelLibrary`).
+
+    Raises:
+        CudaError: If the GPU cannot be used.
+    """
+
+    def __init__(self, gpu: Gpu | None = None, lift: bool = True) -> None:
+        self.gpu = gpu or Gpu()
+        self.library = KernelLibrary(lift)
+        self.kernels: dict[str, Any] = {}
+        self.stats = RuntimeStats()
+        self.pools = {name: Pool(self.gpu) for name in POOLS}
+        self.weights = 0
+        self.resident = 0
+        self.resident_generation = 0  # the resident region moves when caches grow
+        self._shared: dict[str, int] = {}
+        self.blas: Blas | None = None  # made when a plan first calls cuBLASLt
+        self.dnn: Dnn | None = None  # made when a plan first calls cuDNN
+        self._library_plans: dict[Gemm | Conv, Any] = {}
+
+    # ---- kernels ----------------------------------------------------------------------------
+
+    def templates(self, plan: Plan) -> dict[Launch, tuple[Template, tuple[np.generic, ...]]]:
+        """Each launch of `plan` as a size-generic kernel and its extra arguments.
+
+        Templates made for it are compiled by `compile_new`.
+        """
+        found: dict[Launch, tuple[Template, tuple[np.generic, ...]]] = {}
+        for step in plan.steps:
+            for launch in kernel_launches(step):
+                if launch not in found:
+                    template, instance = self.library.template(launch)
+                    found[launch] = (template, template.arguments(instance))
+        return found
+
+    def compile_new(self) -> None:
+        """Compile the templates made so far that are not compiled yet (in parallel).
+
+        Raises:
+            CudaError: If NVRTC fails.
+        """
+        self._compile([t for t in self.library.made if t.name not in self.kernels])
+
+    def allow_shared(self, launches: dict[Launch, tuple[Template, tuple[np.generic, ...]]]) -> None:
+        """Let each kernel use the dynamic shared memory its launches ask for."""
+        for launch, (template, _) in launches.items():
+            if launch.shared > self._shared.get(template.name, DEFAULT_SHARED_LIMIT):
+                self.gpu.allow_shared(self.kernels[template.name], launch.shared)
+                self._shared[template.name] = launch.shared
+
+    def _compile(self, templates: list[Template]) -> None:
+        templates = list({t.name: t for t in templates}.values())  # a name is its source's hash
+        if not templates:
+            return
+        groups = [
+            templates[i : i + MODULE_KERNELS] for i in range(0, len(templates), MODULE_KERNELS)
+        ]
+
+        def build(group: list[Template]) -> bytes:
+            source = '#include "common.cuh"\n' + "\n".join(t.source for t in group)
+            return nvrtc.compile_cubin(source, self.gpu.arch)
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            cubins = list(pool.map(build, groups))
+        for group, cubin in zip(groups, cubins, strict=True):
+            self.kernels.update(self.gpu.load(cubin, [t.name for t in group]))
+        self.stats.templates += len(templates)
+
+    # ---- library calls ---------------------------------------------------------------------
+
+    def library_plan(self, step: Gemm | Conv) -> tuple[Any, dict[int, int]]:
+        """The cuBLASLt or cuDNN plan of a step's shape, and its tensors by the plan's ids.
+
+        Plans are keyed by the call's shape and type, so equal calls of other tensors or other
+        plans share one. The plan's tensor ids are 0, 1, ...; the map gives each the step's.
+
+        Raises:
+            CudaError: If the library fails (not when it merely declines to fuse).
+        """
+        canonical, ids = _canonical(step)
+        if canonical not in self._library_plans:
+            self.stats.library_plans += 1
+            if isinstance(canonical, Gemm):
+                if self.blas is None:
+                    from knopt.cuda.blas import Blas
+
+                    self.blas = Blas(self.gpu)  # times candidates on the stream
+                self._library_plans[canonical] = self.blas.plan(canonical)
+            else:
+                if self.dnn is None:
+                    from knopt.cuda.dnn import Dnn
+
+                    self.dnn = Dnn(self.gpu)
+                self._library_plans[canonical] = self.dnn.plan(canonical)
+        return self._library_plans[canonical], ids
+
+    # ---- memory ----------------------------------------------------------------------------
+
+    def upload_weights(self, plan: Plan) -> None:
+        """Upload the program's constants, once (every plan lays them out alike)."""
+        if self.weights:
+            return
+        self.weights = self.gpu.allocate(plan.region_bytes.get("constant", 0))
+        for buffer_id, data in plan.constants.items():
+            buffer = plan.buffers[buffer_id]
+            if buffer.region == "constant":
+                self.gpu.upload(self.weights + buffer.offset, data)
+
+    def close(self) -> None:
+        """Free the memory the runtime holds (its plans' executables are closed first)."""
+        for address in (self.weights, self.resident, *(p.address for p in self.pools.values())):
+            if address:
+                self.gpu.release(address)
+        self.weights = self.resident = 0
+        self.pools = {name: Pool(self.gpu) for name in POOLS}
+
+    def generations(self) -> tuple[int, ...]:
+        """The pools' and resident region's generations (part of a captured graph's key)."""
+        return (*(self.pools[name].generation for name in POOLS), self.resident_generation)
+
+
+def _canonical(step: Gemm | Conv) -> tuple[Gemm | Conv, dict[int, int]]:
+    """The step with its tensors numbered 0, 1, ... and its fallbacks replaced by a marker."""
+    if isinstance(step, Gemm):
+        ids = {0: step.a.tensor, 1: step.b.tensor, 2: step.d.tensor}
+        residual = None
+        if step.residual is not None:
+            ids[3] = step.residual.tensor
+            residual = dataclasses.replace(step.residual, tensor=3)
+        if step.bias is not None:
+            ids[4] = step.bias
+        gemm = dataclasses.replace(
+            step,
+            a=dataclasses.replace(step.a, tensor=0),
+            b=dataclasses.replace(step.b, tensor=1),
+            d=dataclasses.replace(step.d, tensor=2),
+            residual=residual,
+            bias=4 if step.bias is not None else None,
+            fallback=_FALLBACK if step.fallback is not None else None,
+        )
+        return gemm, ids
+    ids = {0: step.x, 1: step.w, 2: step.y}
+    if step.bias is not None:
+        ids[3] = step.bias
+    if step.residual is not None:
+        ids[4] = step.residual
+    conv = dataclasses.replace(
+        step,
+        x=0,
+        w=1,
+        y=2,
+        bias=3 if step.bias is not None else None,
+        residual=4 if step.residual is not None else None,
+        fallback=_FALLBACK if step.fallback is not None else None,
+        direct=_FALLBACK if step.direct is not None else None,
+    )
+    return conv, ids
 
 
 class Executable:
     """A plan made ready on one GPU.
 
+    Args:
+        plan: The plan (all sizes static).
+        gpu: The GPU of a new runtime.
+        runtime: What the plans of its program share; a new one when not given.
+
     Raises:
         CudaError: If compiling, planning a library call or allocating fails.
     """
 
-    def __init__(self, plan: Plan, gpu: Gpu | None = None) -> None:
+    def __init__(
+        self, plan: Plan, gpu: Gpu | None = None, *, runtime: Runtime | None = None
+    ) -> None:
         self.plan = plan
-        self.gpu = gpu or Gpu()
-        self.kernels = self._compile()
-        self.blas = Blas() if any(isinstance(s, Gemm) for s in plan.steps) else None
-        self.dnn = Dnn() if any(isinstance(s, Conv) for s in plan.steps) else None
+        self.runtime = runtime or Runtime(gpu)
+        self.gpu = self.runtime.gpu
+        self.launches = self.runtime.templates(plan)
+        self.runtime.compile_new()
+        self.runtime.allow_shared(self.launches)
         self.library = {
-            i: self._library_plan(s) for i, s in enumerate(plan.steps) if isinstance(s, Gemm | Conv)
+            i: self.runtime.library_plan(s)
+            for i, s in enumerate(plan.steps)
+            if isinstance(s, Gemm | Conv)
         }
-        workspace = max([getattr(p, "workspace", 0) for p in self.library.values() if p] + [0])
+        workspace = max([getattr(p, "workspace", 0) for p, _ in self.library.values() if p] + [0])
         self.workspace_bytes = workspace
-        self.bases = {
-            region: self.gpu.allocate(plan.region_bytes.get(region, 0)) for region in REGIONS
-        }
-        self.workspace = self.gpu.allocate(workspace)
+        pools = self.runtime.pools
+        pools["workspace"].reserve(workspace)
+        pools["arena"].reserve(plan.region_bytes.get("arena", 0))
+        pools["output"].reserve(plan.region_bytes.get("output", 0))
+        self.runtime.upload_weights(plan)
+        self.inputs = self.gpu.allocate(plan.region_bytes.get("input", 0))
         for buffer_id, data in plan.constants.items():
-            self.gpu.upload(self._buffer_address(buffer_id), data)
+            if plan.buffers[buffer_id].region == "input":
+                self.gpu.upload(self.inputs + plan.buffers[buffer_id].offset, data)
         self.input_buffers = {name: plan.tensors[tid].buffer for name, tid in plan.inputs}
-        self._graphs: OrderedDict[Binding, Any] = OrderedDict()
-        self._ran_eagerly: set[Binding] = set()
+        self._graphs: OrderedDict[tuple[Binding, tuple[int, ...]], Any] = OrderedDict()
 
-    # ---- preparation ---------------------------------------------------------------------
+    @property
+    def kernels(self) -> dict[str, Any]:
+        """The compiled kernels this plan launches, by name."""
+        names = {template.name for template, _ in self.launches.values()}
+        return {name: self.runtime.kernels[name] for name in sorted(names)}
 
-    def _compile(self) -> dict[str, Any]:
-        sources: dict[str, Launch] = {}
-        for step in self.plan.steps:
-            for launch in _kernel_launches(step):
-                sources.setdefault(launch.name, launch)
-        names = sorted(sources)
-        groups = [names[i : i + MODULE_KERNELS] for i in range(0, len(names), MODULE_KERNELS)]
+    @property
+    def blas(self) -> Blas | None:
+        """The runtime's cuBLASLt plans (None before any GEMM)."""
+        return self.runtime.blas
 
-        def build(group: list[str]) -> bytes:
-            source = '#include "common.cuh"\n' + "\n".join(sources[n].source for n in group)
-            return nvrtc.compile_cubin(source, self.gpu.arch)
+    @property
+    def dnn(self) -> Dnn | None:
+        """The runtime's cuDNN plans (None before any convolution)."""
+        return self.runtime.dnn
 
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            cubins = list(pool.map(build, groups))
-        kernels: dict[str, Any] = {}
-        for group, cubin in zip(groups, cubins, strict=True):
-            kernels.update(self.gpu.load(cubin, group))
-        for name, launch in sources.items():
-            self.gpu.allow_shared(kernels[name], launch.shared)
-        return kernels
-
-    def _library_plan(self, step: Gemm | Conv) -> Any:
-        if isinstance(step, Gemm):
-            assert self.blas is not None
-            return self.blas.plan(step)
-        assert self.dnn is not None
-        return self.dnn.plan(step)
+    def close(self) -> None:
+        """Free what this plan holds alone (its input region and CUDA graphs)."""
+        for graph in self._graphs.values():
+            self.gpu.release_graph(graph)
+        self._graphs.clear()
+        if self.inputs:
+            self.gpu.release(self.inputs)
+            self.inputs = 0
 
     # ---- addresses -------------------------------------------------------------------------
+
+    def _bases(self) -> dict[str, int]:
+        pools = self.runtime.pools
+        return {
+            "constant": self.runtime.weights,
+            "input": self.inputs,
+            "output": pools["output"].address,
+            "arena": pools["arena"].address,
+            "resident": self.runtime.resident,
+        }
 
     def _buffer_address(self, buffer_id: int, bound: Mapping[int, int] | None = None) -> int:
         if bound and buffer_id in bound:
             return bound[buffer_id]
         buffer = self.plan.buffers[buffer_id]
-        return self.bases[buffer.region] + buffer.offset
+        return self._bases()[buffer.region] + buffer.offset
 
     def _address(self, tid: int, bound: Mapping[int, int]) -> int:
         tensor = self.plan.tensors[tid]
@@ -150,12 +371,13 @@ class Executable:
     def _enqueuers(self, bound: Mapping[int, int]) -> list[Callable[[], None]]:
         """One closure per step, with every address resolved."""
         calls: list[Callable[[], None]] = []
+        workspace = self.runtime.pools["workspace"].address
         for index, step in enumerate(self.plan.steps):
             if isinstance(step, Launch):
                 calls.append(self._launcher(step, bound))
                 continue
-            library = self.library[index]
-            addresses = {t: self._address(t, bound) for t in _step_tensor_ids(step)}
+            library, ids = self.library[index]
+            addresses = {mine: self._address(theirs, bound) for mine, theirs in ids.items()}
             after = (
                 [step.fallback]
                 if step.fallback is not None and not (library is not None and library.fused)
@@ -165,15 +387,15 @@ class Executable:
                 assert isinstance(step, Conv) and step.direct is not None
                 calls.append(self._launcher(step.direct, bound))
             else:
-                calls.append(
-                    _library_call(library, addresses, self.workspace, self.gpu.stream_handle)
-                )
+                calls.append(_library_call(library, addresses, workspace, self.gpu.stream_handle))
             calls += [self._launcher(launch, bound) for launch in after]
         return calls
 
     def _launcher(self, launch: Launch, bound: Mapping[int, int]) -> Callable[[], None]:
-        kernel = self.kernels[launch.name]
+        template, extra = self.launches[launch]
+        kernel = self.runtime.kernels[template.name]
         args = [self._address(a.tensor, bound) if isinstance(a, Buf) else a for a in launch.args]
+        args += extra
         gpu = self.gpu
 
         def call() -> None:
@@ -191,23 +413,22 @@ class Executable:
             CudaError: If a CUDA call fails.
         """
         bound = self._bind(feeds)
-        key = tuple(sorted(bound.items()))
-        if key not in self._ran_eagerly:
+        key = (tuple(sorted(bound.items())), self.runtime.generations())
+        if key in self._graphs:
+            self._graphs.move_to_end(key)
+            self.gpu.replay(self._graphs[key])
+        else:
             for call in self._enqueuers(bound):
                 call()
             self.gpu.sync()
-            self._ran_eagerly.add(key)
             self._capture(key, bound)
-        else:
-            self._graphs.move_to_end(key)
-            self.gpu.replay(self._graphs[key])
         return self._results(device_outputs)
 
     def replay(self) -> None:
         """Replay the most recently used graph (for timing; inputs stay as last bound)."""
         self.gpu.replay(next(reversed(self._graphs.values())))
 
-    def _capture(self, key: Binding, bound: Mapping[int, int]) -> None:
+    def _capture(self, key: tuple[Binding, tuple[int, ...]], bound: Mapping[int, int]) -> None:
         calls = self._enqueuers(bound)
         self.gpu.begin_capture()
         try:
@@ -277,8 +498,8 @@ class Executable:
         lines = []
         for index, step in enumerate(self.plan.steps):
             line = describe_step(step)
-            library = self.library.get(index)
             if isinstance(step, Gemm | Conv):
+                library = self.library[index][0]
                 line += (
                     " [fused]"
                     if library is not None and library.fused
@@ -286,15 +507,6 @@ class Executable:
                 )
             lines.append(line)
         return "\n".join(lines)
-
-
-def _step_tensor_ids(step: Gemm | Conv) -> list[int]:
-    if isinstance(step, Gemm):
-        ids = [step.a.tensor, step.b.tensor, step.d.tensor]
-        ids += [step.residual.tensor] if step.residual is not None else []
-        ids += [step.bias] if step.bias is not None else []
-        return ids
-    return [t for t in (step.x, step.w, step.y, step.bias, step.residual) if t is not None]
 
 
 def _library_call(
@@ -344,4 +556,4 @@ def _dense(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-__all__ = ["CudaError", "DeviceArray", "Executable"]
+__all__ = ["CudaError", "DeviceArray", "Executable", "Runtime"]

@@ -23,6 +23,17 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def channels_last_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Dense strides of N, C, spatial... stored channels last (N, spatial..., C), 0 for size 1."""
+    order = [0, *range(2, len(shape)), 1] if len(shape) > 2 else list(range(len(shape)))
+    strides = [0] * len(shape)
+    step = 1
+    for axis in reversed(order):
+        strides[axis] = step if shape[axis] != 1 else 0
+        step *= shape[axis]
+    return tuple(strides)
+
+
 def numel(shape: Sequence[int]) -> int:
     """The number of elements of a shape."""
     total = 1
@@ -53,6 +64,18 @@ class Layout:
     def is_contiguous(self) -> bool:
         """True when the elements are dense and in row-major order."""
         return self.strides == contiguous_strides(self.shape)
+
+    @property
+    def dense_order(self) -> tuple[int, ...] | None:
+        """The axis order in which the elements are dense and row-major, or None.
+
+        The identity for a contiguous layout; (0, 2, 3, 1) for a channels-last NCHW tensor.
+        """
+        if self.is_contiguous:
+            return tuple(range(len(self.shape)))
+        # Outermost first; size-1 axes (stride 0) go last, where they do not matter.
+        order = tuple(sorted(range(len(self.shape)), key=lambda a: -self.strides[a]))
+        return order if self.permute(order).is_contiguous else None
 
     def permute(self, perm: Sequence[int]) -> Layout:
         """Axes reordered: result axis i is axis `perm[i]`."""

@@ -13,7 +13,7 @@ from nvmath.bindings import cublasLt as lt
 from knopt.errors import CudaError
 
 WORKSPACE_LIMIT = 32 * 2**20  # NVIDIA's recommendation for Hopper
-CANDIDATES = 8
+CANDIDATES = 8  # heuristic candidates timed per GEMM shape
 
 
 def call(name: str, function: Any, *args: Any) -> Any:

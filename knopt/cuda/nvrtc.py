@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from cuda.bindings import nvrtc
@@ -20,6 +22,23 @@ from knopt.cuda.templates import headers
 from knopt.errors import CudaError
 
 BASE_OPTIONS = ("--std=c++17", "--fmad=true", "--extra-device-vectorization")
+
+
+@dataclass
+class CompileStats:
+    """What `compile_cubin` did in this process.
+
+    Attributes:
+        compiles: Translation units NVRTC compiled.
+        cache_hits: Translation units read from the on-disk cache instead.
+    """
+
+    compiles: int = 0
+    cache_hits: int = 0
+
+
+stats = CompileStats()
+_stats_lock = threading.Lock()  # compiles run on several threads at once
 
 
 def version() -> tuple[int, int]:
@@ -72,7 +91,11 @@ def compile_cubin(source: str, arch: str, name: str = "knopt.cu") -> bytes:
         data = path.read_bytes()
         digest, cubin = data[:32], data[32:]
         if hashlib.sha256(cubin).digest() == digest:
+            with _stats_lock:
+                stats.cache_hits += 1
             return cubin
+    with _stats_lock:
+        stats.compiles += 1
     cubin = _compile(source, name, opts, included)
     _store(path, cubin)
     return cubin

@@ -2,25 +2,35 @@
 
 Views cost nothing: they are layouts over their source's buffer. Every other tensor gets a
 buffer in a region: constants and inputs (filled before a run), outputs (kept until the next
-run), or the arena, where buffers whose lifetimes (first to last step touching them) do not
-overlap share memory. Offsets are placed greedily by size (largest first, lowest offset that
-fits, as TFLite's arena planner does), so reuse is by offset, not by equal sizes. The plan
-reports the arena's size against the lower bound: the largest total of buffers alive at once.
+run), the arena, where buffers whose lifetimes (first to last step touching them) do not
+overlap share memory, or the resident region of key/value caches (`knopt.cuda.resident`).
+Offsets are placed greedily by size (largest first, lowest offset that fits, as TFLite's arena
+planner does), so reuse is by offset, not by equal sizes. The plan reports the arena's size
+against the lower bound: the largest total of buffers alive at once.
+
+A symbolic program is planned once per set of sizes (bound first, `knopt.ir.bind_program`).
+The constant region holds exactly the program's constants, in tensor order, so its layout is
+the same at every size and one upload of the weights serves every plan; constants a plan makes
+for its sizes (the values of `Sizes`) go to the input region, filled once per plan.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from knopt.cuda.cexpr import check_dtype
 from knopt.cuda.context import REGIONS, Buffer, LoweringContext, PlanTensor
+from knopt.cuda.gen.channels_last import assign_layouts
 from knopt.cuda.gen.elementwise import copy_launch
 from knopt.cuda.layout import Layout, view_layout
 from knopt.cuda.lower import lower_kernel
+from knopt.cuda.resident import ResidentPlan, cache_layout, emit_append, emit_relocation, is_append
 from knopt.cuda.steps import Step, step_tensors
 from knopt.errors import CodegenError, UnsupportedModelError
+from knopt.ir.dtype import DType
 from knopt.ir.program import Kernel, Program
 
 ALIGNMENT = 256  # bytes: what cuBLASLt wants for D, and more than vector loads need
@@ -63,51 +73,95 @@ class Plan:
         return ", ".join(parts)
 
 
-def build_plan(program: Program, precision: str = "f32") -> Plan:
+def build_plan(
+    program: Program, precision: str = "f32", resident: ResidentPlan | None = None
+) -> Plan:
     """Lay out, lower and place a program whose sizes are all static.
+
+    Args:
+        program: The program, bound to its sizes.
+        precision: How library calls compute ("f32", "tf32", "fp16", "bf16").
+        resident: The key/value caches kept between runs, if any: their inputs and outputs
+            are neither fed nor returned, but live in the resident region.
 
     Raises:
         UnsupportedModelError: If a tensor has a dtype or symbolic size the GPU cannot take.
         CodegenError: If lowering produces something inconsistent (a knopt bug).
     """
     ctx = LoweringContext(precision)
-    constants = ctx.constants
+    cached = {s.input: s for s in resident.slots} if resident is not None else {}
+    _lay_out_leaves(ctx, program, cached)
+    assign_layouts(ctx, program)  # channels last for regions of half-precision convolutions
+    for kernel in program.kernels:
+        ctx.where = _describe(kernel)
+        if kernel.is_view:
+            _lay_out_view(ctx, kernel, program)
+            continue
+        slot = resident.slot_of_output(kernel.output) if resident is not None else None
+        out = ctx.tensors[kernel.output]
+        if slot is not None and is_append(kernel, slot):
+            out.layout, out.buffer = cache_layout(ctx, slot, out.shape[slot.axis], out.dtype)
+            emit_append(ctx, resident, slot, kernel.inputs[1])  # type: ignore[arg-type]
+            continue
+        region = "output" if program.tensors[kernel.output].role == "output" else "arena"
+        out.buffer = ctx.new_buffer(_nbytes(out), region)
+        lower_kernel(ctx, kernel)
+    kept = {s.output for s in resident.slots} if resident is not None else set()
+    outputs = []
+    for name, tid in zip(program.output_names, program.outputs, strict=True):
+        if tid not in kept:
+            outputs.append((name, _output_tensor(ctx, tid)))
+    if resident is not None:
+        ctx.where = "resident caches"
+        pos = ctx.add_tensor(DType.I32, Layout.contiguous((1,)), _pos_buffer(ctx, resident))
+        emit_relocation(ctx, resident, pos)
+    _move_size_constants(ctx, program)
+    inputs = [
+        (name, tid)
+        for name, tid in zip(program.input_names, program.inputs, strict=True)
+        if tid not in cached
+    ]
+    plan = Plan(ctx.tensors, ctx.buffers, ctx.steps, ctx.constants, inputs, outputs)
+    place_buffers(plan)
+    if resident is not None:
+        plan.region_bytes["resident"] = resident.region_bytes
+    return plan
+
+
+def _lay_out_leaves(ctx: LoweringContext, program: Program, cached: dict[int, Any]) -> None:
+    """A plan tensor per program tensor; buffers for the inputs and constants."""
     inputs = set(program.inputs)
     for tensor in program.tensors:
         where = f"tensor %{tensor.id}"
         check_dtype(tensor.type.dtype, where)
         shape = _static_shape(tensor.type.shape, where)
         ctx.tensors.append(PlanTensor(tensor.id, tensor.type.dtype, Layout.contiguous(shape), -1))
+        if tensor.id in cached:
+            slot = cached[tensor.id]
+            placed = cache_layout(ctx, slot, shape[slot.axis], tensor.type.dtype)
+            ctx.tensors[-1].layout, ctx.tensors[-1].buffer = placed
+            continue
         # By membership, not role: a role says "output" when an input is an output too.
         if tensor.id in inputs or tensor.id in program.constants:
             region = "constant" if tensor.id in program.constants else "input"
             ctx.tensors[-1].buffer = ctx.new_buffer(_nbytes(ctx.tensors[-1]), region)
             if region == "constant":
-                constants[ctx.tensors[-1].buffer] = np.ascontiguousarray(
+                ctx.constants[ctx.tensors[-1].buffer] = np.ascontiguousarray(
                     program.constants[tensor.id]
                 )
-    for kernel in program.kernels:
-        ctx.where = _describe(kernel)
-        if kernel.is_view:
-            _lay_out_view(ctx, kernel, program)
-            continue
-        out = ctx.tensors[kernel.output]
-        region = "output" if program.tensors[kernel.output].role == "output" else "arena"
-        out.buffer = ctx.new_buffer(_nbytes(out), region)
-        lower_kernel(ctx, kernel)
-    outputs = []
-    for name, tid in zip(program.output_names, program.outputs, strict=True):
-        outputs.append((name, _output_tensor(ctx, tid)))
-    plan = Plan(
-        ctx.tensors,
-        ctx.buffers,
-        ctx.steps,
-        constants,
-        list(zip(program.input_names, program.inputs, strict=True)),
-        outputs,
-    )
-    place_buffers(plan)
-    return plan
+
+
+def _pos_buffer(ctx: LoweringContext, resident: ResidentPlan) -> int:
+    ctx.buffers.append(Buffer(len(ctx.buffers), 4, "resident", resident.pos_offset))
+    return len(ctx.buffers) - 1
+
+
+def _move_size_constants(ctx: LoweringContext, program: Program) -> None:
+    """Constants made for this plan's sizes leave the constant region for the input region."""
+    weights = {ctx.tensors[tid].buffer for tid in program.constants}
+    for buffer in ctx.buffers:
+        if buffer.region == "constant" and buffer.id not in weights:
+            buffer.region = "input"
 
 
 def _static_shape(shape: tuple[object, ...], where: str) -> tuple[int, ...]:
@@ -171,6 +225,8 @@ def place_buffers(plan: Plan) -> None:
             buffer.last = index
     for region in REGIONS:
         members = [b for b in plan.buffers if b.region == region]
+        if region == "resident":  # placed in advance, the same for every plan
+            continue
         if region == "arena":
             live = [b for b in members if b.first >= 0]
             for b in members:

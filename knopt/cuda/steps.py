@@ -65,6 +65,8 @@ class Gemm:
         precision: "f32" (strict), "tf32", or the half types' name.
         fallback: The in-place kernel that applies the fused epilogue to `d` when cuBLASLt
             cannot fuse it; the GEMM then runs plain.
+        alignment: Bytes that a, b, the residual and d are each aligned to (powers of two up
+            to 256), which limits the algorithms cuBLASLt may pick.
     """
 
     a: Operand
@@ -78,11 +80,15 @@ class Gemm:
     residual: Operand | None = None
     activation: str = ""
     fallback: Launch | None = None
+    alignment: tuple[int, int, int, int] = (256, 256, 256, 256)
 
 
 @dataclass(frozen=True)
 class Conv:
-    """A cuDNN convolution `y = act(conv(x, w) + bias + residual)` on contiguous NC... tensors.
+    """A cuDNN convolution `y = act(conv(x, w) + bias + residual)` on dense tensors.
+
+    Shapes are always N, C, spatial... (K, C, window... for `w`); the elements are stored in that
+    order, or channels last (N, spatial..., C) for x, w, y and the residual alike.
 
     Attributes:
         bias: A contiguous `[K]` vector, or None.
@@ -90,6 +96,7 @@ class Conv:
         fallback: The in-place kernel that applies the fused epilogue to `y` when cuDNN cannot
             fuse it; the convolution then runs plain.
         direct: A kernel computing the plain convolution, for when cuDNN has no engine.
+        channels_last: Whether x, w, y and the residual are stored channels last.
     """
 
     x: int
@@ -109,6 +116,7 @@ class Conv:
     relu: bool = False
     fallback: Launch | None = None
     direct: Launch | None = None
+    channels_last: bool = False
 
 
 Step = Launch | Gemm | Conv
@@ -131,6 +139,16 @@ def step_tensors(step: Step) -> list[int]:
         found += step_tensors(step.fallback)
     if isinstance(step, Conv) and step.direct is not None:
         found += step_tensors(step.direct)
+    return found
+
+
+def kernel_launches(step: Step) -> list[Launch]:
+    """The NVRTC launches a step may make (a library call's fallback and direct kernels)."""
+    if isinstance(step, Launch):
+        return [step]
+    found = [step.fallback] if step.fallback is not None else []
+    if isinstance(step, Conv) and step.direct is not None:
+        found.append(step.direct)
     return found
 
 
@@ -161,6 +179,7 @@ def describe_step(step: Step) -> str:
         )
         if x
     ]
-    return f"conv x{list(step.x_shape)} w{list(step.w_shape)} {step.dtype.short}" + (
+    layout = " nhwc" if step.channels_last else ""
+    return f"conv x{list(step.x_shape)} w{list(step.w_shape)} {step.dtype.short}{layout}" + (
         f" +{'+'.join(extras)}" if extras else ""
     )

@@ -5,17 +5,38 @@ onnxruntime's `com.microsoft.MatMulNBits` stores it (4-bit codes two a byte alon
 scales of A's type, optional packed 4-bit zero points), dequantized in registers: the weight
 moves from memory at half a byte an element, a quarter of what float16 needs.
 
-Two kernels share the dequantization and the tensor-core product (mma.m16n8k16, fp32
-accumulation): for M <= 8 a bandwidth-bound one that splits K over the warps of a block, for
-larger M a tiled one (64 x 64 outputs a block, A staged in shared memory) that splits K over
-blocks when there are too few tiles to fill the GPU, adding the splits in a third kernel.
-Sizes are launch arguments, so one compiled module (per activation type and block size) serves
-every M, N and K. This module only plans and launches; it holds no device memory.
+Three routes, chosen per shape by `W4A16.plan` (Route):
+
+* GEMV, M <= 8: memory-bound. A 16-row tile of W a block, K split over its warps, each with
+  several chunks of weight loads in flight, and over the blocks of a thread block cluster when
+  N has too few tiles to fill the GPU (their sums meet in distributed shared memory).
+* GEMM, larger M: the weight tile in registers, A staged in shared memory by cp.async, K split
+  over a cluster likewise.
+* DEQUANTIZE, M >= DEQUANTIZE_MIN_M with a cuBLASLt handle: the weight dequantized to A's type
+  into the workspace (in slices of at most DEQUANTIZE_LIMIT bytes), then cuBLASLt's GEMM. At
+  large M the GEMM's work dwarfs one pass over the weight, and cuBLASLt's wgmma kernels
+  outrun the mma.sync tensor-core kernel.
+
+The rule, from what an H200 should do at N = K = 4096 (8.4 MB of int4 weight, scales and zero
+points; about 4 TB/s from HBM, ~600 TFLOP/s of mma.sync; torch's fp16 GEMV reads 33.5 MB in
+9.2 us): at M <= 8 the GEMV streams the weight in ~2.1 us while its ~200 instructions a KB of
+weight a warp take ~1.5 us of issue, so ~3 us with the launch; up to M = 64 the GEMM is still
+memory-bound (~4-6 us, torch ~9 us); at M = 128-256 it is bound by mma.sync (~4 GFLOP a 128
+rows: ~10 us against torch's 13.5 us); from M = 512 dequantizing (~10 us: 8 MB read, 32 MB
+written) and cuBLASLt's GEMM (~600+ TFLOP/s) beat the GEMM's ~43 us. A K split over a
+cluster is taken when the tiles alone leave SMs idle. `benchmarks/quantized.py --w4a16-only`
+times every configuration beside the rule's pick, to check these numbers.
+
+All routes round each weight once to A's type as `(code - zero) * scale` and accumulate in
+fp32, so they agree to fp32 summation order. Sizes are launch arguments: one compiled module
+(per activation type and block size) serves every M, N and K. This module only plans and
+launches; it holds no device memory.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,126 +46,78 @@ from knopt.errors import CodegenError
 from knopt.ir.dtype import DType
 
 if TYPE_CHECKING:
+    from knopt.cuda.blas import Blas, BoundGemm
     from knopt.cuda.driver import Gpu
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 GEMV_MAX_M = 8  # the mma's 8-column operand holds every row of A
-GEMV_WARPS = 8
-GEMM_THREADS = 128
-GEMM_TILE = 64  # outputs a block, along M and along N
 CHUNK = 128  # k a warp consumes per step
-MAX_SPLITS = 8
+GEMM_WARPS = 4
+SPLITS = (1, 2, 4)  # cluster sizes the default module is compiled for
+DEQUANTIZE_MIN_M = 512  # expected: ~10 us to dequantize 4096^2 < what cuBLASLt gains from there
+DEQUANTIZE_LIMIT = 64 * 2**20  # bytes of dequantized weight a slice (whole 128-row groups:
+# outputs 256-byte aligned, as cuBLASLt's heuristic assumes)
+DEQUANTIZE_THREADS = 256
+_ALIGN = 256
 _C_TYPES = {DType.F16: "__half", DType.BF16: "__nv_bfloat16"}
+_PRECISION = {DType.F16: "fp16", DType.BF16: "bf16"}
+
+
+class Route(enum.Enum):
+    """How one product is computed."""
+
+    GEMV = "gemv"
+    GEMM = "gemm"
+    DEQUANTIZE = "dequantize+cublaslt"
 
 
 @dataclass(frozen=True)
-class W4A16:
-    """One weight format: activation type, block size; the sizes come at launch.
+class GemvConfig:
+    """One compiled GEMV: warps a block, chunks of weights in flight a warp, blocks a cluster."""
 
-    Raises:
-        CodegenError: If the type or block size has no kernel.
-    """
-
-    dtype: DType
-    block: int
-
-    def __post_init__(self) -> None:
-        if self.dtype not in _C_TYPES:
-            raise CodegenError(f"W4A16 takes float16 or bfloat16 activations, not {self.dtype}")
-        if self.block not in BLOCK_SIZES:
-            raise CodegenError(f"W4A16 block size {self.block} is not one of {BLOCK_SIZES}")
+    warps: int = 8
+    depth: int = 4
+    split: int = 1
 
     @property
-    def name(self) -> str:
-        """The kernels' name prefix (`<name>_gemv`, `<name>_gemm`, `<name>_reduce`)."""
-        return f"w4a16_{self.dtype.short}_b{self.block}"
+    def suffix(self) -> str:
+        """The kernel name's tail."""
+        return f"gemv_w{self.warps}_d{self.depth}_s{self.split}"
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One compiled GEMM: A rows a block, chunks of weights in flight a warp, blocks a cluster."""
+
+    bm: int
+    depth: int
+    split: int = 1
+    warps: int = GEMM_WARPS
 
     @property
-    def kernel_names(self) -> tuple[str, str, str]:
-        """The three kernels of the module."""
-        return (f"{self.name}_gemv", f"{self.name}_gemm", f"{self.name}_reduce")
+    def suffix(self) -> str:
+        """The kernel name's tail."""
+        return f"gemm_m{self.bm}_w{self.warps}_d{self.depth}_s{self.split}"
 
-    def source(self) -> str:
-        """The CUDA C++ of the module: the three kernels (including w4a16.cuh)."""
-        return "\n".join(self.kernel_sources())
+    @property
+    def rows(self) -> int:
+        """Rows of W (output features) a block."""
+        return 16 * self.warps
 
-    def kernel_sources(self) -> tuple[str, str, str]:
-        """Each kernel's CUDA C++ on its own (gemv, gemm, reduce), as launches hold them."""
-        gemv, gemm, reduce = self.kernel_names
-        t = _C_TYPES[self.dtype]
-        return (
-            render("w4a16_gemv.cu", NAME=gemv, T=t, BLOCK=self.block, WARPS=GEMV_WARPS),
-            render("w4a16_gemm.cu", NAME=gemm, T=t, BLOCK=self.block),
-            render("w4a16_reduce.cu", NAME=reduce, T=t),
-        )
+    @property
+    def min_blocks(self) -> int:
+        """Blocks an SM the registers must allow: 4 (128 a thread), 3 with 64 accumulators."""
+        return 3 if self.bm >= 64 else 4
 
-    def padded_k(self, k: int) -> int:
-        """K rounded up to whole blocks: the length of a packed weight row, in codes."""
-        return -(-k // self.block) * self.block
 
-    def check(self, m: int, n: int, k: int) -> None:
-        """Refuse sizes the kernels cannot take.
+def gemm_depth(bm: int) -> int:
+    """Chunks of weights in flight a warp: 4 while the accumulators leave room, else 2."""
+    return 4 if bm <= 32 else 2
 
-        Raises:
-            CodegenError: If a size is not positive, K is not a multiple of 8 (16-byte rows of
-                A) or K padded to blocks is not a multiple of 32 (16-byte weight loads).
-        """
-        if min(m, n, k) < 1:
-            raise CodegenError(f"W4A16 sizes must be positive, got M={m}, N={n}, K={k}")
-        if k % 8:
-            raise CodegenError(f"W4A16 needs K to be a multiple of 8, got {k}")
-        if self.padded_k(k) % 32:
-            raise CodegenError(
-                f"W4A16 needs K padded to blocks of {self.block} to be a multiple of 32, got "
-                f"{self.padded_k(k)}"
-            )
 
-    def splits(self, m: int, n: int, k: int, sm_count: int) -> int:
-        """How many ways the tiled kernel splits K: enough blocks for two waves, at most 8."""
-        tiles = -(-n // GEMM_TILE) * -(-m // GEMM_TILE)
-        chunks = -(-self.padded_k(k) // CHUNK)
-        wanted = -(-2 * sm_count // tiles)
-        return max(1, min(wanted, MAX_SPLITS, chunks))
-
-    def workspace_bytes(self, m: int, n: int, k: int, sm_count: int) -> int:
-        """Bytes of fp32 partial sums the launch needs (0 without a K split)."""
-        if m <= GEMV_MAX_M:
-            return 0
-        splits = self.splits(m, n, k, sm_count)
-        return 0 if splits == 1 else splits * m * n * 4
-
-    def launch(
-        self,
-        gpu: Gpu,
-        kernels: dict[str, Any],
-        operands: W4A16Operands,
-        sizes: tuple[int, int, int],
-        sm_count: int,
-    ) -> None:
-        """Queue `Y = A @ W^T + bias` (device addresses in `operands`; 0 for absent ones).
-
-        Raises:
-            CodegenError: If the sizes are refused (see `check`) or a K split has no workspace.
-        """
-        m, n, k = sizes
-        self.check(m, n, k)
-        gemv, gemm, reduce = (kernels[name] for name in self.kernel_names)
-        o = operands
-        ints = (np.int32(m), np.int32(n), np.int32(k))
-        if m <= GEMV_MAX_M:
-            gemv_args = (o.a, o.b, o.scales, o.zeros, o.bias, o.y, *ints)
-            gpu.launch(gemv, (-(-n // 16), 1, 1), (32 * GEMV_WARPS, 1, 1), 0, gemv_args)
-            return
-        splits = self.splits(m, n, k, sm_count)
-        if splits > 1 and not o.workspace:
-            raise CodegenError(f"{self.name}: a {splits}-way K split needs a workspace")
-        grid = (-(-n // GEMM_TILE), -(-m // GEMM_TILE), splits)
-        args = (o.a, o.b, o.scales, o.zeros, o.bias, o.y, o.workspace, *ints)
-        gpu.launch(gemm, grid, (GEMM_THREADS, 1, 1), 0, args)
-        if splits > 1:
-            blocks = min(-(-m * n // 256), 4 * sm_count)
-            sums = (o.workspace, o.bias, o.y, np.int32(m), np.int32(n), np.int32(splits))
-            gpu.launch(reduce, (blocks, 1, 1), (256, 1, 1), 0, sums)
+GEMM_BMS = (16, 32, 64)
+DEFAULT_GEMV = tuple(GemvConfig(split=s) for s in SPLITS)
+DEFAULT_GEMM = tuple(GemmConfig(bm, gemm_depth(bm), s) for bm in GEMM_BMS for s in SPLITS)
 
 
 @dataclass(frozen=True)
@@ -158,7 +131,7 @@ class W4A16Operands:
         zeros: Packed 4-bit zero points, uint8 [N, ceil(k_blocks / 2)], or 0 for 8.
         bias: [N] of the activation type, or 0.
         y: The output [M, N].
-        workspace: fp32 scratch of `W4A16.workspace_bytes` bytes, or 0 when that is 0.
+        workspace: Scratch of the plan's `workspace` bytes, or 0 when that is 0.
     """
 
     a: int
@@ -168,3 +141,341 @@ class W4A16Operands:
     zeros: int = 0
     bias: int = 0
     workspace: int = 0
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """Rows [first, first + rows) of W, dequantized and multiplied by one cuBLASLt GEMM.
+
+    Attributes:
+        plain: The GEMM without a bias.
+        biased: The GEMM with the bias epilogue.
+    """
+
+    first: int
+    rows: int
+    plain: BoundGemm
+    biased: BoundGemm
+
+
+@dataclass(frozen=True, eq=False)
+class W4A16Plan:
+    """One product ready to enqueue.
+
+    Attributes:
+        route: GEMV, GEMM or DEQUANTIZE.
+        config: The GEMV or GEMM configuration (None for DEQUANTIZE).
+        kernel: The name of the W4A16 kernel it launches (for DEQUANTIZE, the dequantizer).
+        grid: That kernel's grid (for DEQUANTIZE, of one slice).
+        threads: Threads a block.
+        workspace: Bytes of scratch the caller passes as `W4A16Operands.workspace`.
+    """
+
+    owner: W4A16
+    sizes: tuple[int, int, int]
+    route: Route
+    config: GemvConfig | GemmConfig | None
+    kernel: str
+    grid: tuple[int, int, int]
+    threads: int
+    workspace: int = 0
+    slices: tuple[_Slice, ...] = field(default=())
+
+    def enqueue(self, gpu: Gpu, kernels: dict[str, Any], operands: W4A16Operands) -> None:
+        """Queue the product on the GPU's stream (device addresses in `operands`).
+
+        Raises:
+            CodegenError: If the plan needs a workspace and `operands` has none.
+        """
+        m, n, k = self.sizes
+        o = operands
+        if self.workspace and not o.workspace:
+            raise CodegenError(f"{self.kernel}: the {self.route.value} route needs a workspace")
+        kernel = kernels[self.kernel]
+        ints = (np.int32(m), np.int32(n), np.int32(k))
+        if self.route is not Route.DEQUANTIZE:
+            gpu.launch(
+                kernel,
+                self.grid,
+                (self.threads, 1, 1),
+                0,
+                (o.a, o.b, o.scales, o.zeros, o.bias, o.y, *ints),
+            )
+            return
+        w4 = self.owner
+        blocks = -(-k // w4.block)
+        row_bytes, zero_bytes = w4.padded_k(k) // 2, -(-blocks // 2)
+        element = w4.dtype.itemsize
+        weight = o.workspace
+        library = o.workspace + _aligned(self.slices[0].rows * k * element)
+        for part in self.slices:
+            first, rows = part.first, part.rows
+            pieces = rows * row_bytes // 16
+            grid = (min(-(-pieces // self.threads), self.grid[0]), 1, 1)
+            gpu.launch(
+                kernel,
+                grid,
+                (self.threads, 1, 1),
+                0,
+                (
+                    o.b + first * row_bytes,
+                    o.scales + first * blocks * element,
+                    o.zeros + first * zero_bytes if o.zeros else 0,
+                    weight,
+                    np.int32(rows),
+                    np.int32(k),
+                ),
+            )
+            addresses = {0: o.a, 1: weight, 2: o.y + first * element}
+            gemm = part.plain
+            if o.bias:
+                addresses[3] = o.bias + first * element
+                gemm = part.biased
+            gemm.enqueue(addresses, library, gpu.stream_handle)
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+@dataclass(frozen=True)
+class W4A16:
+    """One weight format (activation type, block size) and the kernels compiled for it.
+
+    Attributes:
+        gemv: The GEMV configurations the module holds (the rule picks among them).
+        gemm: The GEMM configurations likewise.
+
+    Raises:
+        CodegenError: If the type or block size has no kernel.
+    """
+
+    dtype: DType
+    block: int
+    gemv: tuple[GemvConfig, ...] = DEFAULT_GEMV
+    gemm: tuple[GemmConfig, ...] = DEFAULT_GEMM
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _C_TYPES:
+            raise CodegenError(f"W4A16 takes float16 or bfloat16 activations, not {self.dtype}")
+        if self.block not in BLOCK_SIZES:
+            raise CodegenError(f"W4A16 block size {self.block} is not one of {BLOCK_SIZES}")
+
+    @property
+    def name(self) -> str:
+        """The kernels' name prefix (`<name>_gemv_...`, `<name>_gemm_...`, `<name>_dequantize`)."""
+        return f"w4a16_{self.dtype.short}_b{self.block}"
+
+    def kernel_name(self, config: GemvConfig | GemmConfig | None) -> str:
+        """The kernel of a configuration (None: the dequantizer)."""
+        return f"{self.name}_{config.suffix if config else 'dequantize'}"
+
+    @property
+    def kernel_names(self) -> tuple[str, ...]:
+        """Every kernel of the module."""
+        return tuple(self.kernel_name(c) for c in (*self.gemv, *self.gemm, None))
+
+    def source(self) -> str:
+        """The CUDA C++ of the module: its kernels (including w4a16.cuh)."""
+        configs: list[GemvConfig | GemmConfig | None] = [*self.gemv, *self.gemm, None]
+        return "\n".join(self.kernel_source(c) for c in configs)
+
+    def kernel_source(self, config: GemvConfig | GemmConfig | None) -> str:
+        """The CUDA C++ of one configuration's kernel (None: the dequantizer)."""
+        t = _C_TYPES[self.dtype]
+        if isinstance(config, GemvConfig):
+            return render(
+                "w4a16_gemv.cu",
+                NAME=self.kernel_name(config),
+                T=t,
+                BLOCK=self.block,
+                WARPS=config.warps,
+                DEPTH=config.depth,
+                SPLIT=config.split,
+                CLUSTER=_cluster(config.split),
+                MIN_BLOCKS=max(1, 16 // config.warps),  # 128 registers a thread at most
+            )
+        if isinstance(config, GemmConfig):
+            return render(
+                "w4a16_gemm.cu",
+                NAME=self.kernel_name(config),
+                T=t,
+                BLOCK=self.block,
+                WARPS=config.warps,
+                BM=config.bm,
+                DEPTH=config.depth,
+                SPLIT=config.split,
+                CLUSTER=_cluster(config.split),
+                MIN_BLOCKS=config.min_blocks,
+            )
+        return render("w4a16_dequantize.cu", NAME=self.kernel_name(None), T=t, BLOCK=self.block)
+
+    def padded_k(self, k: int) -> int:
+        """K rounded up to whole blocks: the length of a packed weight row, in codes."""
+        return -(-k // self.block) * self.block
+
+    def check(self, m: int, n: int, k: int) -> None:
+        """Refuse sizes the kernels cannot take.
+
+        Raises:
+            CodegenError: If a size is not positive, K is not a multiple of 8 (16-byte rows of
+                A), K padded to blocks is not a multiple of 32 (16-byte weight loads), or the
+                packed weight has 2^31 bytes or more, or A 2^31 elements (the kernels' 32-bit
+                offsets).
+        """
+        if min(m, n, k) < 1:
+            raise CodegenError(f"W4A16 sizes must be positive, got M={m}, N={n}, K={k}")
+        if n * self.padded_k(k) // 2 >= 2**31:
+            raise CodegenError(
+                f"W4A16 weights must be under 2 GiB packed, got N={n}, K={k}: split N"
+            )
+        if m * k >= 2**31:
+            raise CodegenError(f"W4A16 needs A under 2^31 elements, got M={m}, K={k}: split M")
+        if k % 8:
+            raise CodegenError(f"W4A16 needs K to be a multiple of 8, got {k}")
+        if self.padded_k(k) % 32:
+            raise CodegenError(
+                f"W4A16 needs K padded to blocks of {self.block} to be a multiple of 32, got "
+                f"{self.padded_k(k)}"
+            )
+
+    def plan(
+        self,
+        m: int,
+        n: int,
+        k: int,
+        sm_count: int,
+        blas: Blas | None = None,
+        config: GemvConfig | GemmConfig | Route | None = None,
+    ) -> W4A16Plan:
+        """How to compute one product: the rule's route and kernel, or `config`'s.
+
+        The rule: M <= 8 takes the GEMV, M >= DEQUANTIZE_MIN_M with `blas` the DEQUANTIZE
+        route, anything else the GEMM with the smallest column tile that holds M (16, 32, 64).
+        A cluster splits K into the fewest parts (of those compiled) that make two blocks an SM
+        (one for the GEMV, whose blocks hold 8 warps), keeping two chunks a part.
+
+        Args:
+            m: Rows of A.
+            n: Rows of W (output features).
+            k: The reduced dimension.
+            sm_count: The GPU's multiprocessors.
+            blas: A cuBLASLt handle, which allows the DEQUANTIZE route.
+            config: A compiled configuration to use instead of the rule's (benchmarks and
+                tests), or Route.DEQUANTIZE (which needs `blas`).
+
+        Raises:
+            CodegenError: If the sizes are refused (see `check`), `config` is not compiled in
+                or does not fit M, or DEQUANTIZE is asked for without `blas`.
+        """
+        self.check(m, n, k)
+        if config is Route.DEQUANTIZE or (
+            config is None and blas is not None and m >= DEQUANTIZE_MIN_M
+        ):
+            if blas is None:
+                raise CodegenError(f"{self.name}: the dequantize route needs a cuBLASLt handle")
+            return self._dequantize_plan(m, n, k, sm_count, blas)
+        if config is None:
+            config = self._rule(m, n, k, sm_count)
+        if isinstance(config, GemvConfig):
+            if config not in self.gemv or m > GEMV_MAX_M:
+                raise CodegenError(f"{self.name}: no GEMV {config} for M={m} in this module")
+            grid = (-(-n // 16), 1, config.split)
+            return W4A16Plan(
+                self,
+                (m, n, k),
+                Route.GEMV,
+                config,
+                self.kernel_name(config),
+                grid,
+                32 * config.warps,
+            )
+        if not isinstance(config, GemmConfig) or config not in self.gemm:
+            raise CodegenError(f"{self.name}: no kernel {config} in this module")
+        grid = (-(-n // config.rows), -(-m // config.bm), config.split)
+        return W4A16Plan(
+            self,
+            (m, n, k),
+            Route.GEMM,
+            config,
+            self.kernel_name(config),
+            grid,
+            32 * config.warps,
+        )
+
+    def _rule(self, m: int, n: int, k: int, sm_count: int) -> GemvConfig | GemmConfig:
+        chunks = -(-self.padded_k(k) // CHUNK)
+        if m <= GEMV_MAX_M:
+            gemv = [c for c in self.gemv if c == GemvConfig(split=c.split)] or list(self.gemv)
+            return _fewest_splits(gemv, -(-n // 16), sm_count, chunks)
+        bm = next((b for b in GEMM_BMS if m <= b), GEMM_BMS[-1])
+        gemm = [c for c in self.gemm if c.bm == bm and c.depth == gemm_depth(bm)]
+        gemm = gemm or [c for c in self.gemm if c.bm >= min(m, GEMM_BMS[-1])] or list(self.gemm)
+        tiles = -(-n // gemm[0].rows) * -(-m // gemm[0].bm)
+        return _fewest_splits(gemm, tiles, 2 * sm_count, chunks)
+
+    def _dequantize_plan(self, m: int, n: int, k: int, sm_count: int, blas: Blas) -> W4A16Plan:
+        from knopt.cuda.steps import Gemm, Operand
+
+        element = self.dtype.itemsize
+        rows = min(n, max(128, DEQUANTIZE_LIMIT // (k * element) // 128 * 128))
+        slices = []
+        for first in range(0, n, rows):
+            width = min(rows, n - first)
+            plain = Gemm(
+                a=Operand(0, m, k, k, 1, 0),
+                b=Operand(1, k, width, 1, k, 0),  # W^T: the dequantized rows, K apart
+                d=Operand(2, m, width, n, 1, 0),
+                batch=1,
+                dtype=self.dtype,
+                precision=_PRECISION[self.dtype],
+            )
+            biased = replace(plain, bias=3)
+            slices.append(_Slice(first, width, blas.plan(plain), blas.plan(biased)))
+        library = max(max(s.plain.workspace, s.biased.workspace) for s in slices)
+        grid = (8 * sm_count, 1, 1)  # the most blocks of a slice; fewer when it is small
+        return W4A16Plan(
+            self,
+            (m, n, k),
+            Route.DEQUANTIZE,
+            None,
+            self.kernel_name(None),
+            grid,
+            DEQUANTIZE_THREADS,
+            _aligned(rows * k * element) + library,
+            tuple(slices),
+        )
+
+    def workspace_bytes(self, m: int, n: int, k: int, sm_count: int) -> int:
+        """Bytes of scratch the rule's plan without cuBLASLt needs (none)."""
+        return self.plan(m, n, k, sm_count).workspace
+
+    def launch(
+        self,
+        gpu: Gpu,
+        kernels: dict[str, Any],
+        operands: W4A16Operands,
+        sizes: tuple[int, int, int],
+        sm_count: int,
+    ) -> None:
+        """Queue `Y = A @ W^T + bias` by the rule's plan without cuBLASLt (a GEMV or GEMM).
+
+        Raises:
+            CodegenError: If the sizes are refused (see `check`).
+        """
+        self.plan(*sizes, sm_count).enqueue(gpu, kernels, operands)
+
+
+def _cluster(split: int) -> str:
+    return f"__cluster_dims__(1, 1, {split})" if split > 1 else ""
+
+
+def _fewest_splits(configs: list[Any], tiles: int, wanted: int, chunks: int) -> Any:
+    """The config with the fewest K splits giving `wanted` blocks, two chunks a split at least."""
+    usable = sorted(
+        (c for c in configs if c.split == 1 or chunks >= 2 * c.split), key=lambda c: c.split
+    ) or sorted(configs, key=lambda c: c.split)
+    for config in usable:
+        if tiles * config.split >= wanted:
+            return config
+    return usable[-1]

@@ -10,6 +10,7 @@ from knopt.errors import InputError, InvalidGraphError
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.graph import Graph, Value
 from knopt.ir.op import Input, TensorType
+from knopt.ir.program import Program, Tensor
 from knopt.ir.shape import Sym, bind, evaluate, format_shape
 
 
@@ -68,6 +69,35 @@ def bind_symbols(graph: Graph, sizes: Mapping[str, int]) -> Graph:
     for name, value in zip(graph.output_names, graph.outputs, strict=True):
         builder.output(mapped[value], name)
     return builder.build()
+
+
+def bind_program(program: Program, sizes: Mapping[str, int]) -> Program:
+    """A copy of a symbolic program with its sizes replaced by integers (constants shared).
+
+    Binding is cheap (no optimizer): a program optimized once on symbolic sizes is bound
+    to each set of actual sizes and planned for it.
+
+    Raises:
+        InvalidGraphError: If a size is missing.
+    """
+    tensors = [
+        Tensor(t.id, TensorType(bind(t.type.shape, sizes), t.type.dtype), t.role)
+        for t in program.tensors
+    ]
+    kernels = [
+        dataclasses.replace(k, op=bind_attributes(k.op, sizes)) if k.op is not None else k
+        for k in program.kernels
+    ]
+    return Program(
+        tensors,
+        kernels,
+        list(program.inputs),
+        list(program.input_names),
+        list(program.outputs),
+        list(program.output_names),
+        program.constants,
+        program.name,
+    )
 
 
 def bind_attributes(op: Any, sizes: Mapping[str, int]) -> Any:

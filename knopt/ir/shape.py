@@ -21,6 +21,7 @@ from knopt.errors import (
 )
 
 Monomial: TypeAlias = tuple[str, ...]  # sorted symbol names, repeated for powers; () is 1
+_DIVISION_STEPS = 256  # terms a polynomial quotient may have: far beyond any model's sizes
 
 
 @dataclass(frozen=True)
@@ -151,21 +152,9 @@ def exact_div(a: Dim, b: Dim) -> Dim:
             return Sym._make({m: c // b for m, c in terms.items()})
     if a == b:
         return 1
-    if isinstance(b, Sym) and len(b.terms) == 1:
-        (mb, cb), ta = b.terms[0], _as_terms(a)
-        quotient: dict[Monomial, int] = {}
-        for m, c in ta.items():
-            rest = list(m)
-            for name in mb:
-                if name not in rest:
-                    break
-                rest.remove(name)
-            else:
-                if c % cb == 0:
-                    quotient[tuple(rest)] = c // cb
-                    continue
-            break
-        else:
+    if isinstance(b, Sym):
+        quotient = _divide_polynomials(_as_terms(a), dict(b.terms))
+        if quotient is not None:
             return Sym._make(quotient)
     # x.view(batch, -1) of a mask whose batch the exporter named apart: (m0 * m1) / b.
     divisor = b.as_symbol() if isinstance(b, Sym) else None
@@ -175,6 +164,44 @@ def exact_div(a: Dim, b: Dim) -> Dim:
         f"(for example dims={{'batch': 1}})",
         same,
     )
+
+
+def _divide_monomial(m: Monomial, by: Monomial) -> Monomial | None:
+    rest = list(m)
+    for name in by:
+        if name not in rest:
+            return None
+        rest.remove(name)
+    return tuple(rest)
+
+
+def _divide_polynomials(
+    a: dict[Monomial, int], b: dict[Monomial, int]
+) -> dict[Monomial, int] | None:
+    """The exact quotient `a / b` of two polynomials, or None if `b` does not divide `a`.
+
+    Long division on the leading terms (largest degree, then names): exact division of
+    polynomials never needs a remainder, and each step removes `a`'s leading term (the order
+    is graded, so what it adds is smaller). `(64*batch*past + 64*batch*seq) / (16*past +
+    16*seq)` is `4*batch`.
+    """
+    lead_b = max(b, key=lambda m: (len(m), m))
+    rest, quotient = dict(a), dict[Monomial, int]()
+    for _ in range(_DIVISION_STEPS):
+        if not rest:
+            return quotient
+        lead = max(rest, key=lambda m: (len(m), m))
+        factor = _divide_monomial(lead, lead_b)
+        if factor is None or rest[lead] % b[lead_b]:
+            return None
+        coefficient = rest[lead] // b[lead_b]
+        quotient[factor] = quotient.get(factor, 0) + coefficient
+        for m, c in b.items():
+            term = tuple(sorted(factor + m))
+            rest[term] = rest.get(term, 0) - coefficient * c
+            if rest[term] == 0:
+                del rest[term]
+    return None
 
 
 def evaluate(dim: Dim, sizes: Mapping[str, int]) -> int:

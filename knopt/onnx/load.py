@@ -169,7 +169,7 @@ def import_model(
         SymbolicSizeError: If a step needs a size fixed (pass it in `dims`).
         InvalidGraphError: If the graph is malformed (a cycle, a dangling input, bad shapes).
     """
-    axes = _input_symbols(model)
+    axes = input_symbols(model)
     order = {name: i for i, name in enumerate(axes)}
     same: dict[str, Dim] = {}
     while True:
@@ -196,7 +196,7 @@ def import_model(
             same[rename] = sym(keep)
 
 
-def _input_symbols(model: onnx.ModelProto) -> dict[str, int]:
+def input_symbols(model: onnx.ModelProto) -> dict[str, int]:
     """The names of the symbolic input sizes, in order of first appearance, with their axes."""
     names: dict[str, int] = {}
     for info in model.graph.input:

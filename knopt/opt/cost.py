@@ -39,7 +39,7 @@ class DeviceProfile:
     bandwidth: float
     peak: Mapping[str, float]
     launch: float
-    symbol_size: int = 8  # the size assumed for a symbolic dimension when estimating
+    symbol_size: int = 8  # the size of a named symbolic size no `sizes=` gives (see CostModel)
     per_op_launch: bool = False  # a fused body still costs one launch per op (numpy)
 
     def flops_per_second(self, dtype: DType) -> float:
@@ -187,17 +187,31 @@ _KIND_FLOPS = {
 
 @dataclass
 class CostModel:
-    """Costs of e-nodes of one e-graph on one device."""
+    """Costs of e-nodes of one e-graph on one device.
+
+    Kernels are costed at one representative size: each symbolic dimension (a polynomial of
+    named sizes, such as `batch*seq`) is evaluated with the named sizes that `symbols` gives
+    it, so that a view does not change a tensor's estimated element count. A program stays
+    symbolic and serves every size; this size decides only which program extraction picks.
+
+    Attributes:
+        symbols: The estimated value of each symbolic dimension, by its (negative) i64 code in
+            the e-graph's shapes; a code missing here counts `profile.symbol_size`.
+    """
 
     data: EGraphData
     profile: DeviceProfile
     folding: bool = True  # folded classes are free; off to price the graph as given
+    symbols: Mapping[int, int] = field(default_factory=dict)
     _bytes: dict[int, float] = field(default_factory=dict)
     _body_cache: dict[int, tuple[int, float]] = field(default_factory=dict)
 
     def shape(self, cls: int) -> tuple[int, ...]:
-        """The estimated sizes of a class (symbolic sizes replaced by the profile's guess)."""
-        return tuple(d if d >= 0 else self.profile.symbol_size for d in self.data.shapes[cls])
+        """The estimated sizes of a class (symbolic sizes at their representative values)."""
+        return tuple(
+            d if d >= 0 else self.symbols.get(d, self.profile.symbol_size)
+            for d in self.data.shapes[cls]
+        )
 
     def numel(self, cls: int) -> int:
         """Estimated element count of a class."""

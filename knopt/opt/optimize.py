@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +13,7 @@ from pathlib import Path
 from knopt.ir.graph import Graph, Node
 from knopt.ir.kernel import KernelKind
 from knopt.ir.program import Program, program_from_graph
+from knopt.ir.shape import evaluate
 from knopt.ir.validate import validate
 from knopt.opt.cost import CostModel, DeviceProfile, find_profile
 from knopt.opt.egraph import DEFAULT_LIMITS, Limits, Phase, Saturation, saturate
@@ -21,6 +22,7 @@ from knopt.opt.rebuild import Rebuilt, rebuild_graph
 from knopt.opt.report import OptimizeReport, Pattern, attribute
 from knopt.opt.rules import RuleFile, read_rule_file, rulesets_of, shipped_rule_files
 from knopt.opt.serialized import ENode
+from knopt.opt.terms import SENTINEL_BASE, TermTables
 
 
 @dataclass
@@ -61,12 +63,13 @@ def _run_phase(
     device: DeviceProfile,
     limits: Limits,
     ilp: bool,
+    sizes: Mapping[str, int],
 ) -> _Phase:
     began = time.perf_counter()
     saturation = saturate(graph, extra, limits, phase=phase)
     data = saturation.data
     roots = [saturation.ir_nodes[graph.nodes.index(v.producer)][0] for v in graph.outputs]
-    model = CostModel(data, device)
+    model = CostModel(data, device, symbols=symbol_values(saturation.tables, sizes, device))
     extracted = time.perf_counter()
     extraction = extract(
         data, roots, model.node_cost, saturation.ir_nodes, ilp_max_nodes=4000 if ilp else 0
@@ -84,11 +87,13 @@ def optimize(
     profile: str | os.PathLike[str] | DeviceProfile = "cpu",
     limits: Limits = DEFAULT_LIMITS,
     ilp: bool = True,
+    sizes: Mapping[str, int] | None = None,
 ) -> OptimizeResult:
     """Optimize `graph` by equality saturation and cost-based extraction.
 
     Phase 1 rewrites the graph with the algebra rules and extracts the cheapest program of ops;
-    phase 2 groups that program's ops into fused kernels (rules/schedule.egg).
+    phase 2 groups that program's ops into fused kernels (rules/schedule.egg). Symbolic sizes
+    stay symbolic: the result serves every size, and is bound to the actual sizes when it runs.
 
     Args:
         graph: The graph to optimize (it is not changed).
@@ -97,6 +102,9 @@ def optimize(
             profile file written by `knopt calibrate`, or a `DeviceProfile`.
         limits: Saturation bounds per phase; hitting one keeps the best e-graph so far.
         ilp: Whether to refine extraction with an ILP when the e-graph is small enough.
+        sizes: The representative value of named symbolic sizes, at which kernels are costed
+            (such as the "opt" sizes of a profile); a size not given counts the device
+            profile's `symbol_size`.
 
     Raises:
         RuleFileError: If a rule file is malformed.
@@ -105,10 +113,11 @@ def optimize(
     start = time.perf_counter()
     device = find_profile(profile)
     extra = [r if isinstance(r, RuleFile) else read_rule_file(r) for r in rules]
+    sizes = dict(sizes or {})
     with _collector_paused():
-        algebra = _run_phase(graph, 0, extra, device, limits, ilp)
+        algebra = _run_phase(graph, 0, extra, device, limits, ilp, sizes)
         first = algebra.rebuilt.graph
-        kernels = _run_phase(first, 1, extra, device, limits, ilp)
+        kernels = _run_phase(first, 1, extra, device, limits, ilp, sizes)
     optimized = kernels.rebuilt.graph
     # Original node names: through phase 1's classes to its graph, then through phase 2's.
     origin = _origins(graph, algebra)
@@ -118,7 +127,12 @@ def optimize(
             first, kernels.saturation.ir_nodes, kernels.extraction.choice
         ).items()
     }
-    unfolded = CostModel(algebra.saturation.data, device, folding=False)
+    unfolded = CostModel(
+        algebra.saturation.data,
+        device,
+        folding=False,
+        symbols=symbol_values(algebra.saturation.tables, sizes, device),
+    )
     fired = algebra.saturation.rules_fired + kernels.saturation.rules_fired
     report = OptimizeReport(
         rules_fired={k: v for k, v in sorted(fired.items()) if v},
@@ -154,6 +168,21 @@ def optimize(
     report.seconds = time.perf_counter() - start
     kinds = {key: _kernel_kind(choice[key]) for key in set(rebuilt.kernel_of.values())}
     return OptimizeResult(optimized, program, report, dict(rebuilt.kernel_of), kinds, graph)
+
+
+def symbol_values(
+    tables: TermTables, sizes: Mapping[str, int], device: DeviceProfile
+) -> dict[int, int]:
+    """The representative value of each symbolic dimension of an e-graph, by its i64 code.
+
+    A dimension is a polynomial of named sizes (`batch*seq`, `seq + 1`); it is evaluated with
+    `sizes`, where each name missing counts `device.symbol_size`, and is at least 1.
+    """
+    values: dict[int, int] = {}
+    for index, dim in enumerate(tables.symbols):
+        named = {name: sizes.get(name, device.symbol_size) for name in dim.symbols()}
+        values[SENTINEL_BASE - index] = max(1, evaluate(dim, named))
+    return values
 
 
 @contextmanager

@@ -22,3 +22,7 @@ def test_gpu_profile_is_measured_and_plausible() -> None:
     assert 1e-8 < profile.launch < 1e-4
     assert all(math.isfinite(v) and v > 0 for v in profile.peak.values())
     assert not profile.per_op_launch
+    # Every peak is fitted to library kernels: GEMMs at several shapes, and convolutions.
+    kinds = [s.kind for s in measured.samples]
+    assert kinds.count("f32") >= 5 and kinds.count("f16") >= 5 and "f64" in kinds
+    assert any(s.what.startswith("2 convs f16") for s in measured.samples)

@@ -1,4 +1,5 @@
-"""W4A16 kernels (codegen/w4a16*.cu): they compile without a GPU, and on one they match numpy.
+"""W4A16 kernels (codegen/w4a16*.cu): they compile without a GPU, the rule routes each shape, and
+on a GPU every route and kernel configuration matches numpy.
 
 On the GPU each product is compared twice: tightly with the weight rounded to the activation
 type as the kernels round it (then only fp32 summation order and the output rounding differ),
@@ -7,13 +8,28 @@ and within half-precision tolerance with the exact dequantized weight.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
-from knopt.cuda.w4a16 import BLOCK_SIZES, GEMV_MAX_M, W4A16, W4A16Operands
+from knopt.cuda import w4a16
+from knopt.cuda.w4a16 import (
+    BLOCK_SIZES,
+    DEFAULT_GEMM,
+    DEFAULT_GEMV,
+    GEMV_MAX_M,
+    W4A16,
+    GemmConfig,
+    GemvConfig,
+    Route,
+    W4A16Operands,
+)
 from knopt.errors import CodegenError, CudaError
 from knopt.ir.dtype import DType
 from tests.cuda.quant import NUMPY, Device, random_nbits
+
+SMS = 132  # an H200's multiprocessors
 
 
 def _nvrtc():
@@ -28,11 +44,22 @@ def _nvrtc():
 
 
 def test_w4a16_kernels_compile_for_sm_90(tmp_path, monkeypatch) -> None:
-    # Every block size, both types, in one translation unit as a program's kernels are.
+    # Every block size, both types, in one translation unit as a program's kernels are, each
+    # with the code paths of the templates: a GEMV with and without a cluster, a GEMM with a
+    # 16-column tile in a cluster and one with a 64-column tile alone, and the dequantizer.
+    # (The other default configs differ from these only in template numbers.)
     nvrtc = _nvrtc()
     monkeypatch.setenv("KNOPT_CACHE_DIR", str(tmp_path))
-    types = (DType.F16, DType.BF16)
-    formats = [W4A16(types[i % 2], block) for i, block in enumerate(BLOCK_SIZES)]
+    gemm = (GemmConfig(16, 4, split=2), GemmConfig(64, 2))
+    formats = [
+        W4A16(
+            DType.BF16 if i % 2 else DType.F16,
+            block,
+            (GemvConfig(split=2),) + ((GemvConfig(),) if block == 128 else ()),
+            gemm,
+        )
+        for i, block in enumerate(BLOCK_SIZES)
+    ]
     cubin = nvrtc.compile_cubin("\n".join(f.source() for f in formats), "sm_90")
     assert cubin[:4] == b"\x7fELF"
     for name in (n for f in formats for n in f.kernel_names):
@@ -45,6 +72,8 @@ def test_w4a16_kernels_compile_for_sm_90(tmp_path, monkeypatch) -> None:
         (1, 64, 100, 32, "multiple of 8"),
         (1, 64, 48, 16, "multiple of 32"),  # three blocks of 16
         (0, 64, 64, 32, "positive"),
+        (1, 2**20, 4096, 128, "under 2 GiB"),
+        (2**19, 64, 4096, 128, "A under 2"),
     ],
 )
 def test_sizes_the_kernels_cannot_take_are_refused(
@@ -61,13 +90,59 @@ def test_unknown_formats_are_refused() -> None:
         W4A16(DType.F32, 32)
 
 
-def test_k_is_split_until_the_gpu_has_two_waves_of_tiles() -> None:
-    w = W4A16(DType.F16, 128)
-    assert w.splits(16, 4096, 4096, sm_count=132) == 5  # 64 tiles -> 320 blocks
-    assert w.splits(4096, 4096, 4096, sm_count=132) == 1
-    assert w.splits(16, 64, 256, sm_count=132) == 2  # no more splits than chunks
-    assert w.workspace_bytes(1, 4096, 4096, sm_count=132) == 0  # the GEMV splits in a block
-    assert w.workspace_bytes(16, 4096, 4096, sm_count=132) == 5 * 16 * 4096 * 4
+@pytest.mark.parametrize(
+    ("m", "n", "kernel", "grid"),
+    [
+        (1, 4096, "gemv_w8_d4_s1", (256, 1, 1)),  # 256 tiles fill 132 SMs
+        (8, 4096, "gemv_w8_d4_s1", (256, 1, 1)),
+        (1, 1024, "gemv_w8_d4_s4", (64, 1, 4)),  # 64 tiles: K split 4 ways in a cluster
+        (1, 2048, "gemv_w8_d4_s2", (128, 1, 2)),
+        (9, 4096, "gemm_m16_w4_d4_s4", (64, 1, 4)),
+        (16, 4096, "gemm_m16_w4_d4_s4", (64, 1, 4)),
+        (32, 4096, "gemm_m32_w4_d4_s4", (64, 1, 4)),
+        (128, 4096, "gemm_m64_w4_d2_s4", (64, 2, 4)),
+        (256, 4096, "gemm_m64_w4_d2_s2", (64, 4, 2)),  # 256 tiles need only two splits
+        (4096, 4096, "gemm_m64_w4_d2_s1", (64, 64, 1)),  # no cuBLASLt handle: tensor cores
+    ],
+)
+def test_the_rule_picks_a_kernel_and_split_per_shape(
+    m: int, n: int, kernel: str, grid: tuple[int, int, int]
+) -> None:
+    plan = W4A16(DType.F16, 128).plan(m, n, 4096, SMS)
+    assert (plan.kernel, plan.grid, plan.workspace) == (f"w4a16_f16_b128_{kernel}", grid, 0)
+    assert plan.route is (Route.GEMV if m <= GEMV_MAX_M else Route.GEMM)
+
+
+def test_k_is_split_no_finer_than_two_chunks_a_split() -> None:
+    plan = W4A16(DType.F16, 128).plan(1, 64, 256, SMS)  # two chunks of 128 k
+    assert plan.grid == (4, 1, 1)
+    plan = W4A16(DType.F16, 128).plan(1, 64, 512, SMS)
+    assert plan.grid == (4, 1, 2)
+
+
+def test_configs_outside_the_module_are_refused() -> None:
+    w4 = W4A16(DType.F16, 128, gemv=(GemvConfig(),), gemm=(GemmConfig(16, 4),))
+    with pytest.raises(CodegenError, match="no GEMV"):
+        w4.plan(1, 256, 512, SMS, config=GemvConfig(split=2))
+    with pytest.raises(CodegenError, match="no GEMV"):
+        w4.plan(9, 256, 512, SMS, config=GemvConfig())  # the GEMV holds 8 rows of A
+    with pytest.raises(CodegenError, match="no kernel"):
+        w4.plan(16, 256, 512, SMS, config=GemmConfig(32, 4))
+    with pytest.raises(CodegenError, match="cuBLASLt handle"):
+        w4.plan(16, 256, 512, SMS, config=Route.DEQUANTIZE)
+    # The rule falls back to what the module has.
+    assert w4.plan(100, 256, 512, SMS).config == GemmConfig(16, 4)
+
+
+def test_every_default_config_has_a_kernel_name() -> None:
+    w4 = W4A16(DType.BF16, 32)
+    names = w4.kernel_names
+    assert len(set(names)) == len(DEFAULT_GEMV) + len(DEFAULT_GEMM) + 1
+    assert all(n.startswith("w4a16_bf16_b32_") for n in names)
+    assert names[-1] == "w4a16_bf16_b32_dequantize"
+
+
+# ---- on the GPU ----------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -79,26 +154,137 @@ def device(gpu_available: bool) -> Device:
     return Device(Gpu())
 
 
+@pytest.fixture(scope="module")
+def blas(device: Device) -> Any:
+    from knopt.cuda.blas import Blas
+
+    return Blas()
+
+
+_MODULES: dict[W4A16, dict[str, Any]] = {}
+
+
+def _kernels(device: Device, w4: W4A16) -> dict[str, Any]:
+    from knopt.cuda import nvrtc
+
+    if w4 not in _MODULES:
+        cubin = nvrtc.compile_cubin(w4.source(), device.gpu.arch)
+        _MODULES[w4] = device.gpu.load(cubin, w4.kernel_names)
+    return _MODULES[w4]
+
+
+def _only(dtype: DType, block: int, config: GemvConfig | GemmConfig | None) -> W4A16:
+    """A module with one product kernel (and the dequantizer): quick to compile."""
+    gemv = (config,) if isinstance(config, GemvConfig) else ()
+    gemm = (config,) if isinstance(config, GemmConfig) else ()
+    return W4A16(dtype, block, gemv, gemm)
+
+
+def _check(
+    device: Device,
+    w4: W4A16,
+    sizes: tuple[int, int, int],
+    zeros: bool,
+    bias: bool,
+    config: GemvConfig | GemmConfig | Route,
+    blas: Any = None,
+) -> None:
+    m, n, k = sizes
+    dtype, block = w4.dtype, w4.block
+    rng = np.random.default_rng(m * 7919 + n * 31 + k + block)
+    weight = random_nbits(rng, n, k, block, dtype, zeros)
+    a = rng.standard_normal((m, k)).astype(NUMPY[dtype])
+    b = rng.standard_normal(n).astype(NUMPY[dtype]) if bias else None
+    plan = w4.plan(m, n, k, device.sm_count, blas=blas, config=config)
+    operands = W4A16Operands(
+        a=device.put(a),
+        b=device.put(weight.b),
+        scales=device.put(weight.scales),
+        zeros=device.put(weight.zeros),
+        bias=device.put(b),
+        y=device.empty(m * n * 2),
+        workspace=device.empty(plan.workspace),
+    )
+    plan.enqueue(device.gpu, _kernels(device, w4), operands)
+    ours = device.get(operands.y, (m, n), NUMPY[dtype]).astype(np.float64)
+    extra = 0.0 if b is None else b.astype(np.float64)
+    rounded = a.astype(np.float64) @ weight.dequantized(dtype).T + extra
+    exact = a.astype(np.float64) @ weight.dequantized().T + extra
+    peak = float(np.abs(exact).max())
+    ulp = 2.0**-10 if dtype is DType.F16 else 2.0**-7  # relative spacing near 1
+    where = f"{plan.kernel} {sizes}"
+    np.testing.assert_allclose(ours, rounded, rtol=ulp, atol=ulp * peak, err_msg=where)
+    np.testing.assert_allclose(ours, exact, rtol=8 * ulp, atol=8 * ulp * peak, err_msg=where)
+
+
 CASES = [
-    # (m, n, k, block, zero points, bias): the GEMV up to m = 8, the tiled kernel above
+    # (m, n, k, block, zero points, bias): the GEMV up to m = 8, the GEMM above
     (1, 256, 512, 32, True, False),
     (3, 200, 1024, 128, True, True),  # N not a multiple of 16
-    (8, 64, 4160, 64, False, True),  # K not a multiple of the 128-k chunk
+    (8, 64, 4160, 64, False, True),  # K not a multiple of the 128-k chunk; K split 4 ways
     (5, 48, 96, 16, True, False),  # blocks of 16: two scales a lane
     (1, 4096, 4096, 128, True, False),
-    (16, 256, 512, 32, True, True),  # K split over blocks
+    (16, 256, 512, 32, True, True),  # K split over a cluster
     (37, 200, 1024, 128, True, False),  # M and N tails
     (128, 512, 2048, 256, False, True),
     (130, 72, 160, 16, True, True),
-    (256, 4096, 4096, 128, True, False),  # no K split
+    (256, 4096, 4096, 128, True, False),
 ]
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [DType.F16, DType.BF16], ids=lambda d: d.short)
 @pytest.mark.parametrize(("m", "n", "k", "block", "zeros", "bias"), CASES)
-def test_w4a16_matches_dequantize_then_matmul(
+def test_the_rules_kernel_matches_dequantize_then_matmul(
+    device: Device, dtype: DType, m: int, n: int, k: int, block: int, zeros: bool, bias: bool
+) -> None:
+    config = W4A16(dtype, block).plan(m, n, k, device.sm_count).config
+    assert config is not None
+    _check(device, _only(dtype, block, config), (m, n, k), zeros, bias, config)
+
+
+# Every compiled configuration (and those the benchmark adds), in one module a type, on shapes
+# that reach its tails: a partial last tile in N and M, a K that ends inside a chunk (and a
+# block), zero points and a bias. Blocks of 16 go through the rule's tests.
+VARIANTS: tuple[GemvConfig | GemmConfig, ...] = (
+    *DEFAULT_GEMV,
+    GemvConfig(depth=2),
+    GemvConfig(warps=4),
+    GemvConfig(warps=4, split=2),
+    *DEFAULT_GEMM,
+)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("config", VARIANTS, ids=lambda c: c.suffix)
+@pytest.mark.parametrize("dtype", [DType.F16, DType.BF16], ids=lambda d: d.short)
+def test_every_kernel_config_matches_dequantize_then_matmul(
+    device: Device, dtype: DType, config: GemvConfig | GemmConfig
+) -> None:
+    w4 = W4A16(
+        dtype,
+        64,
+        tuple(c for c in VARIANTS if isinstance(c, GemvConfig)),
+        tuple(c for c in VARIANTS if isinstance(c, GemmConfig)),
+    )
+    if isinstance(config, GemvConfig):
+        shapes = [(1, 200, 2088), (7, 48, 1032), (8, 4096, 4096)]
+    else:
+        shapes = [(config.bm - 3, 200, 2088), (2 * config.bm + 5, 48, 1032), (37, 4096, 4096)]
+    for i, (m, n, k) in enumerate(shapes):
+        _check(device, w4, (m, n, k), i != 1, i != 0, config)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [DType.F16, DType.BF16], ids=lambda d: d.short)
+@pytest.mark.parametrize(
+    ("m", "n", "k", "block", "zeros", "bias"),
+    [(512, 200, 1032, 16, True, True), (600, 4096, 4096, 128, True, False)],
+)
+def test_dequantize_then_cublaslt_matches(
     device: Device,
+    blas: Any,
+    monkeypatch: pytest.MonkeyPatch,
     dtype: DType,
     m: int,
     n: int,
@@ -107,30 +293,8 @@ def test_w4a16_matches_dequantize_then_matmul(
     zeros: bool,
     bias: bool,
 ) -> None:
-    from knopt.cuda import nvrtc
-
-    rng = np.random.default_rng(m * 7919 + n * 31 + k + block)
-    weight = random_nbits(rng, n, k, block, dtype, zeros)
-    a = rng.standard_normal((m, k)).astype(NUMPY[dtype])
-    b = rng.standard_normal(n).astype(NUMPY[dtype]) if bias else None
-    w4 = W4A16(dtype, block)
-    kernels = device.gpu.load(nvrtc.compile_cubin(w4.source(), device.gpu.arch), w4.kernel_names)
-    operands = W4A16Operands(
-        a=device.put(a),
-        b=device.put(weight.b),
-        scales=device.put(weight.scales),
-        zeros=device.put(weight.zeros),
-        bias=device.put(b),
-        y=device.empty(m * n * 2),
-        workspace=device.empty(w4.workspace_bytes(m, n, k, device.sm_count)),
-    )
-    w4.launch(device.gpu, kernels, operands, (m, n, k), device.sm_count)
-    ours = device.get(operands.y, (m, n), NUMPY[dtype]).astype(np.float64)
-    extra = 0.0 if b is None else b.astype(np.float64)
-    rounded = a.astype(np.float64) @ weight.dequantized(dtype).T + extra
-    exact = a.astype(np.float64) @ weight.dequantized().T + extra
-    peak = float(np.abs(exact).max())
-    ulp = 2.0**-10 if dtype is DType.F16 else 2.0**-7  # relative spacing near 1
-    path = "gemv" if m <= GEMV_MAX_M else "gemm"
-    np.testing.assert_allclose(ours, rounded, rtol=ulp, atol=ulp * peak, err_msg=path)
-    np.testing.assert_allclose(ours, exact, rtol=8 * ulp, atol=8 * ulp * peak, err_msg=path)
+    # Slices of 128 rows (256-byte aligned outputs for cuBLASLt) force several rounds.
+    monkeypatch.setattr(w4a16, "DEQUANTIZE_LIMIT", 128 * k * dtype.itemsize)
+    plan = W4A16(dtype, block).plan(m, n, k, device.sm_count, blas=blas)
+    assert plan.route is Route.DEQUANTIZE and len(plan.slices) == -(-n // 128)
+    _check(device, _only(dtype, block, None), (m, n, k), zeros, bias, Route.DEQUANTIZE, blas)

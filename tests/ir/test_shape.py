@@ -79,6 +79,8 @@ def test_symbols_lists_every_name() -> None:
         (BATCH * SEQ * 8, BATCH, SEQ * 8),
         (BATCH * SEQ * 8, 4 * SEQ, 2 * BATCH),
         (BATCH + SEQ, BATCH + SEQ, 1),
+        (64 * BATCH * SEQ + 64 * BATCH, 16 * SEQ + 16, 4 * BATCH),
+        (BATCH * BATCH + 2 * BATCH * SEQ + SEQ * SEQ, BATCH + SEQ, BATCH + SEQ),
     ],
 )
 def test_exact_div_divides_exactly(a: int | Sym, b: int | Sym, quotient: int | Sym) -> None:
@@ -89,7 +91,15 @@ def test_exact_div_divides_exactly(a: int | Sym, b: int | Sym, quotient: int | S
 
 @pytest.mark.parametrize(
     ("a", "b"),
-    [(SEQ, 3), (2 * BATCH + 1, 2), (BATCH * SEQ, SEQ + 1), (BATCH, SEQ), (5, 0), (SEQ, 0)],
+    [
+        (SEQ, 3),
+        (2 * BATCH + 1, 2),
+        (BATCH * SEQ, SEQ + 1),
+        (BATCH, SEQ),
+        (5, 0),
+        (SEQ, 0),
+        (BATCH * SEQ + 1, SEQ + 1),
+    ],
 )
 def test_exact_div_refuses_what_is_not_exact(a: int | Sym, b: int | Sym) -> None:
     with pytest.raises(UnsupportedModelError, match=r"fix the symbolic sizes|by zero"):

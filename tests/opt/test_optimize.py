@@ -16,9 +16,12 @@ import pytest
 import knopt
 from knopt.cli import main
 from knopt.ir import Graph
+from knopt.ir.shape import sym
+from knopt.opt.cost import CPU
 from knopt.opt.egraph import Limits
 from knopt.opt.explain import format_report
-from knopt.opt.optimize import OptimizeReport
+from knopt.opt.optimize import OptimizeReport, symbol_values
+from knopt.opt.terms import TermTables
 from tests.models import Fixture, fixtures
 from tests.oracle import assert_same, run_onnxruntime
 
@@ -256,3 +259,12 @@ def test_each_pattern_names_its_own_nodes_when_one_kernel_fuses_them() -> None:
     assert any("Erf" in n for n in names["GELU"])
     assert not set(names["LayerNorm"]) & set(names["GELU"])
     assert all(len(set(p.replaced)) == len(p.replaced) for p in report.patterns)
+
+
+def test_symbolic_sizes_are_costed_at_representative_values() -> None:
+    tables = TermTables()
+    product = tables.dim(sym("batch") * sym("seq"))
+    shifted = tables.dim(sym("seq") + 1)
+    values = symbol_values(tables, {"seq": 128}, CPU)
+    # Each name not given counts the profile's symbol_size (8); polynomials are evaluated.
+    assert values == {product: CPU.symbol_size * 128, shifted: 129}

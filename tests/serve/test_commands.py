@@ -21,12 +21,15 @@ from tests.models import MODELS
 MLP = MODELS / "mlp_ts14.onnx"
 
 
-def test_compile_writes_each_size_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_compile_writes_one_program_for_every_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cache = tmp_path / "cache"
     assert main(["compile", str(MLP), "--cache", str(cache), "--dims", "batch=1,3"]) == 0
     out = capsys.readouterr().out
-    assert "batch=1: optimized and written" in out and "batch=3: optimized and written" in out
-    assert len(list((cache / "programs").glob("*.npz"))) == 2
+    # One optimized program serves every batch size (issue #12): the first size makes it.
+    assert "batch=1: optimized and written" in out and "batch=3: in the cache" in out
+    assert len(list((cache / "programs").glob("*.npz"))) == 1
     assert main(["compile", str(MLP), "--cache", str(cache), "--dims", "batch=3"]) == 0
     assert "batch=3: in the cache" in capsys.readouterr().out
     session = knopt.compile(MLP, optimize=True, cache=cache)

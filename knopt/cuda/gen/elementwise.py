@@ -49,10 +49,10 @@ def replace_acc(expr: Expr, index: int) -> Expr:
 
 
 def emit_elementwise(ctx: LoweringContext, out: int, body: Expr, inputs: Sequence[int]) -> None:
-    """Append the launch computing `out = body(inputs)`; `out` must be contiguous.
+    """Append the launch computing `out = body(inputs)`; `out` must be dense.
 
     Raises:
-        CodegenError: If `out` is strided or an input does not broadcast to its shape.
+        CodegenError: If `out` is not dense or an input does not broadcast to its shape.
     """
     launch = elementwise_launch(ctx, out, body, inputs)
     if launch is not None:
@@ -60,28 +60,36 @@ def emit_elementwise(ctx: LoweringContext, out: int, body: Expr, inputs: Sequenc
 
 
 def copy_launch(ctx: LoweringContext, out: int, source: int) -> Launch | None:
-    """The launch copying (and converting) `source` into contiguous `out` of the same shape."""
+    """The launch copying (and converting) `source` into dense `out` of the same shape."""
     return elementwise_launch(ctx, out, Load(0), [source])
 
 
 def elementwise_launch(
     ctx: LoweringContext, out: int, body: Expr, inputs: Sequence[int]
 ) -> Launch | None:
-    """The launch computing `out = body(inputs)`, or None when `out` is empty."""
+    """The launch computing `out = body(inputs)`, or None when `out` is empty.
+
+    A dense output stored in another axis order (channels last) is written in that order: the
+    body is the same at every index, so the kernel walks all tensors in the output's order.
+    """
     target = ctx.tensor(out)
     where = ctx.where or "elementwise kernel"
-    if not target.layout.is_contiguous:
-        raise CodegenError(f"{where}: elementwise output must be contiguous")
-    shape = target.shape
+    order = target.layout.dense_order
+    if order is None:
+        raise CodegenError(f"{where}: elementwise output must be dense")
     count = target.layout.numel
     if count == 0:
         return None
     used = sorted(used_loads(body))
-    in_strides = [broadcast_to(ctx.layout(inputs[i]), shape, where) for i in used]
-    dims, merged = merge_axes(shape, [target.layout.strides, *in_strides])
+    in_strides = [broadcast_to(ctx.layout(inputs[i]), target.shape, where) for i in used]
+    shape = [target.shape[a] for a in order]
+    dims, merged = merge_axes(
+        shape,
+        [[strides[a] for a in order] for strides in [target.layout.strides, *in_strides]],
+    )
     strides = merged[1:]
     items = [target.dtype.itemsize] + [ctx.dtype(inputs[i]).itemsize for i in used]
-    vec = _vector_width(dims, max(items), count)
+    vec = _vector_width(dims, max(items))
     extent = max(
         [count] + [abs(ctx.layout(inputs[i]).offset) + ctx.layout(inputs[i]).numel for i in used]
     )
@@ -136,12 +144,13 @@ def elementwise_launch(
     return Launch(name, source, (blocks(count // vec, THREADS), 1, 1), (THREADS, 1, 1), args)
 
 
-def _vector_width(dims: Sequence[int], itemsize: int, count: int) -> int:
+def _vector_width(dims: Sequence[int], itemsize: int) -> int:
     # Each thread handles `vec` elements along the last axis: 16-byte accesses for the widest
-    # type, as long as the last axis splits evenly and there is enough work to share.
+    # type, as long as the last axis splits evenly. The width depends on nothing else, so that
+    # a kernel keeps its shape at every size of a symbolic dimension (knopt.cuda.generic).
     if not dims:
         return 1
     vec = min(8, MAX_VECTOR_BYTES // itemsize)
-    while vec > 1 and (dims[-1] % vec or count < vec * 32):
+    while vec > 1 and dims[-1] % vec:
         vec //= 2
     return vec

@@ -2,8 +2,10 @@
 
 They take float16 or bfloat16 activations (a program narrowed to fp16 or bf16,
 knopt/cuda/precision.py), the weight in MatMulNBits' packed layout, which Int4MatMul's
-operands already are, and sizes they can tile (`W4A16.check`). The K split of the tiled
-kernel is chosen for `SMS` multiprocessors: any count is correct, only the split changes.
+operands already are, and sizes they can tile (`W4A16.check`). `W4A16.plan` picks the GEMV or
+the GEMM and its K split for `SMS` multiprocessors: any count is correct, only the split
+changes. (Its third route, dequantizing into a cuBLASLt GEMM at large M, needs a cuBLASLt
+handle while planning; a plan here has none.)
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import numpy as np
 from knopt.cuda.context import LoweringContext
 from knopt.cuda.gen.constants import add_constant
 from knopt.cuda.gen.library import contiguous
-from knopt.cuda.steps import Arg, Buf, Launch
-from knopt.cuda.w4a16 import BLOCK_SIZES, GEMM_THREADS, GEMM_TILE, GEMV_MAX_M, GEMV_WARPS, W4A16
+from knopt.cuda.steps import Buf, Launch
+from knopt.cuda.w4a16 import BLOCK_SIZES, W4A16
 from knopt.errors import CodegenError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
@@ -37,10 +39,9 @@ def w4a16_format(
         return None
     k = ctx.tensor(a).shape[-1]
     rows = int(np.prod(ctx.tensor(kernel.output).shape[:-1]))
-    n = operands[0].shape[0]
     form = W4A16(dtype, op.block)
     try:
-        form.check(rows, n, k)
+        form.check(rows, operands[0].shape[0], k)
     except CodegenError:
         return None
     return form
@@ -53,7 +54,7 @@ def emit_w4a16(
     operands: tuple[np.ndarray, ...],
     y: int,
 ) -> None:
-    """Append the launches computing `y` `[..., N]` (contiguous) with the W4A16 kernels."""
+    """Append the launch computing `y` `[..., N]` (contiguous) with a W4A16 kernel."""
     a = contiguous(ctx, kernel.inputs[0])
     k = ctx.tensor(a).shape[-1]
     n = operands[0].shape[0]
@@ -64,24 +65,11 @@ def emit_w4a16(
             kernel.inputs[1:4], operands, (DType.U8, form.dtype, DType.U8), strict=True
         )
     )
-    gemv, gemm, reduce = form.kernel_names
-    gemv_source, gemm_source, reduce_source = form.kernel_sources()
-    sizes = (np.int32(m), np.int32(n), np.int32(k))
-    args: tuple[Arg, ...]
-    if m <= GEMV_MAX_M:
-        args = (Buf(a), Buf(b), Buf(s), Buf(z), NULL, Buf(y), *sizes)
-        grid, block = (-(-n // 16), 1, 1), (32 * GEMV_WARPS, 1, 1)
-        ctx.emit(Launch(gemv, gemv_source, grid, block, args))
-        return
-    splits = form.splits(m, n, k, SMS)
-    partial = ctx.new_tensor((splits, m, n), DType.F32) if splits > 1 else None
-    args = (Buf(a), Buf(b), Buf(s), Buf(z), NULL, Buf(y), _buf(partial), *sizes)
-    grid = (-(-n // GEMM_TILE), -(-m // GEMM_TILE), splits)
-    ctx.emit(Launch(gemm, gemm_source, grid, (GEMM_THREADS, 1, 1), args))
-    if partial is not None:
-        sums = (Buf(partial), NULL, Buf(y), np.int32(m), np.int32(n), np.int32(splits))
-        blocks = min(-(-m * n // 256), 4 * SMS)
-        ctx.emit(Launch(reduce, reduce_source, (blocks, 1, 1), (256, 1, 1), sums))
+    plan = form.plan(m, n, k, SMS)
+    assert not plan.workspace, "the GEMV and GEMM routes need no workspace"
+    args = (Buf(a), Buf(b), Buf(s), Buf(z), NULL, Buf(y), np.int32(m), np.int32(n), np.int32(k))
+    source = form.kernel_source(plan.config)
+    ctx.emit(Launch(plan.kernel, source, plan.grid, (plan.threads, 1, 1), args))
 
 
 def _as_constant(ctx: LoweringContext, tid: int, array: np.ndarray, dtype: DType) -> int:
@@ -89,7 +77,3 @@ def _as_constant(ctx: LoweringContext, tid: int, array: np.ndarray, dtype: DType
     if ctx.layout(tid).is_contiguous and ctx.dtype(tid) is dtype:
         return tid
     return add_constant(ctx, array, dtype)
-
-
-def _buf(tensor: int | None) -> Buf | np.uint64:
-    return NULL if tensor is None else Buf(tensor)

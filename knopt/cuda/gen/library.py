@@ -4,14 +4,20 @@ An epilogue the library can take (cuBLASLt: scale, bias, residual, RELU, GELU_TA
 residual, RELU) goes into the call, with an in-place elementwise kernel as its fallback should
 the library decline at plan-building time. Any other epilogue runs as its own elementwise
 kernel over the library's result. Dtypes and ranks the libraries lack use direct kernels.
+
+Strict f32 GEMMs that are compute-bound run as one 3xTF32 GEMM (`knopt.cuda.gen.split`);
+convolutions whose output `knopt.cuda.gen.channels_last` stored channels last run so in cuDNN.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from knopt.cuda.cexpr import uses_acc
 from knopt.cuda.context import LoweringContext
+from knopt.cuda.gen import split
+from knopt.cuda.gen.channels_last import is_channels_last, to_channels_last
 from knopt.cuda.gen.elementwise import (
     copy_launch,
     elementwise_launch,
@@ -25,12 +31,14 @@ from knopt.cuda.steps import Conv, Gemm, Launch, Operand
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.op import Binary, Unary
-from knopt.ir.program import Acc, BinaryE, Const, Expr, Kernel, Load, UnaryE
+from knopt.ir.program import Acc, BinaryE, ClampE, Const, Expr, Kernel, Load, UnaryE
 
 GEMM_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16, DType.F64})
 CONV_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})
 _GEMM_ACTIVATIONS = {Unary.RELU: "relu", Unary.GELU_TANH: "gelu_tanh"}
 BIAS_ALIGNMENT = 16  # bytes
+BUFFER_ALIGNMENT = 256  # bytes every planned buffer starts at (knopt.cuda.planner.ALIGNMENT)
+INPUT_ALIGNMENT = 16  # bytes an input bound in place is aligned to (knopt.cuda.executor)
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,7 @@ def _classify_loads(
         aligned = ctx.layout(tid).offset * out.dtype.itemsize % BIAS_ALIGNMENT == 0
         if is_vector and aligned and bias is None:
             bias = tid
-        elif ctx.layout(tid) == Layout.contiguous(out.shape) and residual is None:
+        elif ctx.layout(tid) == out.layout and residual is None:
             residual = tid
         else:
             return None
@@ -110,6 +118,9 @@ def match_epilogue(ctx: LoweringContext, kernel: Kernel, *, conv: bool) -> Fused
         expr.kind is Unary.RELU or (not conv and expr.kind in _GEMM_ACTIVATIONS)
     ):
         activation = _GEMM_ACTIVATIONS[expr.kind]
+        expr = expr.x
+    elif isinstance(expr, ClampE) and expr.lo == 0 and expr.hi == math.inf:
+        activation = "relu"  # clamp.egg writes RELU as a clamp to [0, inf]
         expr = expr.x
     terms = _add_terms(expr)
     with_acc = [t for t in terms if uses_acc(t)]
@@ -139,8 +150,17 @@ def _epilogue_launch(ctx: LoweringContext, kernel: Kernel) -> Launch | None:
 def _split_epilogue(
     ctx: LoweringContext, kernel: Kernel, shape: tuple[int, ...], dtype: DType
 ) -> int:
-    """A temporary for the main op's result when the epilogue runs as its own kernel."""
-    return ctx.new_tensor(shape, dtype) if kernel.epilogue is not None else kernel.output
+    """A temporary for the main op's result when the epilogue runs as its own kernel.
+
+    It is stored as the kernel's output is (row-major or channels last).
+    """
+    if kernel.epilogue is None:
+        return kernel.output
+    layout = ctx.layout(kernel.output)
+    if layout.shape != shape or layout.is_contiguous:
+        return ctx.new_tensor(shape, dtype)
+    buffer = ctx.new_buffer(max(layout.numel, 1) * dtype.itemsize, "arena")
+    return ctx.add_tensor(dtype, Layout(layout.shape, layout.strides), buffer)
 
 
 def _finish_split(ctx: LoweringContext, kernel: Kernel, acc: int) -> None:
@@ -227,19 +247,55 @@ def gemm_step(
     residual = None
     if fused.residual is not None:
         residual = Operand(fused.residual, rows, n, n, 1, batch_strides[3])
+    precision = ctx.precision
+    if _use_split(ctx, operand_a, operand_b, batch):
+        operand_a = split.split_operand(ctx, operand_a, batch, "a")
+        operand_b = split.split_operand(ctx, operand_b, batch, "b")
+        precision = "tf32"
     return Gemm(
         operand_a,
         operand_b,
         operand_d,
         batch,
         ctx.dtype(a),
-        ctx.precision,
+        precision,
         fused.alpha,
         fused.bias,
         residual,
         fused.activation,
         fallback,
+        (
+            _alignment(ctx, operand_a.tensor),
+            _alignment(ctx, operand_b.tensor),
+            _alignment(ctx, residual.tensor if residual is not None else d),
+            _alignment(ctx, d),
+        ),
     )
+
+
+def _use_split(ctx: LoweringContext, a: Operand, b: Operand, batch: int) -> bool:
+    """Whether a strict f32 GEMM runs as 3xTF32 (`knopt.cuda.gen.split`)."""
+    if ctx.precision != "f32" or ctx.dtype(a.tensor) is not DType.F32:
+        return False
+    choice = split.policy()
+    if choice != "auto":
+        return choice == "always"
+    batches = (batch if a.batch_stride else 1, batch if b.batch_stride else 1, batch)
+    computed = (
+        ctx.tensor(a.tensor).buffer not in ctx.constants,
+        ctx.tensor(b.tensor).buffer not in ctx.constants,
+    )
+    return split.split_pays(a.rows, b.cols, a.cols, batches, computed)
+
+
+def _alignment(ctx: LoweringContext, tid: int) -> int:
+    """Bytes the address of `tid` is surely aligned to (a power of two)."""
+    region = ctx.buffers[ctx.tensor(tid).buffer].region
+    alignment = INPUT_ALIGNMENT if region == "input" else BUFFER_ALIGNMENT
+    start = ctx.layout(tid).offset * ctx.dtype(tid).itemsize
+    while start % alignment:
+        alignment //= 2
+    return alignment
 
 
 def _batch_axes(
@@ -271,7 +327,10 @@ def emit_conv(ctx: LoweringContext, kernel: Kernel) -> None:
         emit_conv_direct(ctx, acc, x, w, op)
         _finish_split(ctx, kernel, acc)
         return
-    x, w = contiguous(ctx, x), contiguous(ctx, w)
+    if is_channels_last(out.layout):  # a convolution region's (knopt.cuda.gen.channels_last)
+        x, w = to_channels_last(ctx, x), to_channels_last(ctx, w)
+    else:
+        x, w = contiguous(ctx, x), contiguous(ctx, w)
     fused = match_epilogue(ctx, kernel, conv=True)
     if fused is None or out.dtype != dtype:
         acc = _split_epilogue(ctx, kernel, out.shape, dtype)
@@ -310,4 +369,5 @@ def conv_step(
         fused.activation == "relu",
         fallback,
         conv_direct_launch(ctx, y, x, w, op),
+        is_channels_last(ctx.layout(y)),
     )

@@ -59,6 +59,15 @@ def row_threads(length: int) -> int:
     return threads
 
 
+def cache_bound(threads: int, count: int) -> int:
+    """The values a thread keeps in registers, as a compile-time bound on `count`.
+
+    Below 1024 threads, `row_threads` keeps every row within 4 values a thread, so the bound
+    is 4 for each thread count: rows of one kernel shape at every length (a symbolic axis).
+    """
+    return 4 if threads < 1024 else count
+
+
 def _emit_rowwise(ctx: LoweringContext, kernel: Kernel, axes: Sequence[int], eps: float) -> None:
     assert kernel.op is not None
     inputs = list(kernel.inputs)
@@ -81,7 +90,8 @@ def _emit_rowwise(ctx: LoweringContext, kernel: Kernel, axes: Sequence[int], eps
     row, row_merged = merge_axes(row_dims, row_strides)
     length = numel(row_dims)
     threads = row_threads(length)
-    cached = -(-length // threads) <= MAX_CACHED
+    count = -(-length // threads)
+    cached = count <= MAX_CACHED
     extent = max(
         [out.layout.numel] + [ctx.layout(t).numel + abs(ctx.layout(t).offset) for t in inputs]
     )
@@ -128,6 +138,7 @@ def _emit_rowwise(ctx: LoweringContext, kernel: Kernel, axes: Sequence[int], eps
         LOAD=indent(load_lines, 2),
         STORE=indent(store_lines, 2),
         CACHED=int(cached),
+        CACHE=cache_bound(threads, count) if cached else 0,
         OP=_OPS[type(kernel.op)],
         EPS=literal(eps, real_dtype),
     )

@@ -25,6 +25,7 @@ from knopt.cuda.gen.indexing import (
     indent,
     index_type,
     named,
+    offset,
 )
 from knopt.cuda.steps import Launch
 from knopt.cuda.templates import render
@@ -132,7 +133,10 @@ def emit_conv_direct(ctx: LoweringContext, out_id: int, x: int, w: int, op: ops.
 def conv_direct_launch(
     ctx: LoweringContext, out_id: int, x: int, w: int, op: ops.Conv
 ) -> Launch | None:
-    """Grouped N-d convolution by a thread per output element (any dtype, any rank)."""
+    """Grouped N-d convolution by a thread per output element (any dtype, any rank).
+
+    The output may be dense in another axis order (channels last).
+    """
     out = ctx.tensor(out_id)
     count = out.layout.numel
     if count == 0:
@@ -160,6 +164,7 @@ def conv_direct_launch(
         + ["  " * (len(spatial) - 1 - d) + "}" for d in range(len(spatial))]
     )
     acc_dtype = accumulate_dtype(out.dtype)
+    out_index = "i" if out.layout.is_contiguous else offset("c", out.layout.strides)
     source = render(
         "conv_direct.cu",
         NAME=PLACEHOLDER,
@@ -173,6 +178,7 @@ def conv_direct_launch(
         ACC_T=acc_t,
         LOOPS=indent(lines, 2),
         RESULT=store_value(cast("acc", acc_dtype, out.dtype), out.dtype),
+        OUT_INDEX=out_index,
     )
     name, source = named("conv_direct", source)
     return Launch(name, source, (blocks(count, THREADS), 1, 1), (THREADS, 1, 1), reads.args(out_id))

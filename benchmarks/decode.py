@@ -1,0 +1,233 @@
+"""LLM decoding with a key/value cache: a ~1B-parameter LLaMA-class decoder (GPU, fp16).
+
+    python benchmarks/decode.py            # 16 layers (~0.95B parameters), 256 new tokens
+    python benchmarks/decode.py --quick    # 4 layers, 64 new tokens
+
+A randomly initialised LLaMA decoder (transformers, no download; hidden 2048, 16 heads of 128,
+no grouped-query attention, SwiGLU 5632, vocab 32000) is exported in fp16 with its cache as
+flat inputs and outputs (`tests/fixtures/make_decoder.py`), and compiled by knopt once with
+`resident` caches and `cache_mask`: a static cache of prompt + new tokens, whose decoding steps
+replay one CUDA graph per bucket of 64 lengths. Greedy decoding, batch 1 and 8, prompt 128:
+
+- knopt: time to first token (the prefill), then decoding tokens per second; the second of two
+  generations (the first pays the optimizer and compiles, reported apart);
+- torch eager with a static cache (`generate(cache_implementation="static",
+  disable_compile=True)`) and torch.compile of the decode step (the same without
+  `disable_compile`: transformers compiles the forward with its CompileConfig);
+- the weight-bandwidth bound: parameters x 2 bytes read per step at 4.2 TB/s.
+
+Targets (issue #12): knopt's tokens/s >= torch.compile's at batch 1, and >= 80% of the bound.
+Needs a CUDA GPU, torch and transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import knopt  # noqa: E402
+from tests.fixtures.make_decoder import DecoderStep, export_torchscript  # noqa: E402
+
+BANDWIDTH = 4.2e12  # bytes per second, H200 HBM3e
+PROMPT = 128
+
+
+def build(layers: int) -> Any:
+    """The random decoder in fp16 on the GPU."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    options: dict[str, Any] = {
+        "vocab_size": 32000,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "max_position_embeddings": 4096,
+        "attn_implementation": "sdpa",
+    }
+    config = LlamaConfig(**options)
+    return LlamaForCausalLM(config).half().cuda().eval()
+
+
+def export(model: Any, folder: Path) -> Path:
+    """The decoder exported with its cache (fp16, dynamic batch, seq and past)."""
+    import torch
+
+    step = DecoderStep(model)
+    config = model.config
+    head = config.hidden_size // config.num_attention_heads
+    shape = (2, config.num_key_value_heads, 3, head)
+    past = [
+        torch.zeros(shape, dtype=torch.float16, device="cuda")
+        for _ in range(2 * config.num_hidden_layers)
+    ]
+    ids = torch.ones(2, 2, dtype=torch.int64, device="cuda")
+    mask = torch.ones(2, 5, dtype=torch.int64, device="cuda")
+    positions = torch.tensor([[3, 4], [3, 4]], device="cuda")
+    path = folder / "decoder.onnx"
+    with torch.no_grad():
+        export_torchscript(step, (ids, mask, positions, *past), path)
+    return path
+
+
+def knopt_generate(session: knopt.Session, prompt: Any, new: int) -> tuple[float, float, Any]:
+    """Greedy decoding: (seconds to the first token, seconds for the rest, the tokens)."""
+    import torch
+
+    batch = prompt.shape[0]
+    session.reset()
+    ids = torch.empty((batch, 1), dtype=torch.int64, device="cuda")  # one address: one graph
+    positions = torch.empty((batch, 1), dtype=torch.int64, device="cuda")
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    feeds = {
+        "input_ids": prompt,
+        "attention_mask": np.ones((batch, PROMPT), np.int64),
+        "position_ids": torch.arange(PROMPT, device="cuda").expand(batch, PROMPT).contiguous(),
+    }
+    (logits,) = session.run(["logits"], feeds, device_outputs=True)
+    ids.copy_(torch.as_tensor(logits, device="cuda")[:, -1].argmax(-1, keepdim=True))
+    torch.cuda.synchronize()
+    first = time.perf_counter() - began
+    tokens = [ids.clone()]
+    began = time.perf_counter()
+    for i in range(PROMPT, PROMPT + new - 1):
+        positions.fill_(i)
+        feeds = {
+            "input_ids": ids,
+            "attention_mask": np.ones((batch, i + 1), np.int64),
+            "position_ids": positions,
+        }
+        (logits,) = session.run(["logits"], feeds, device_outputs=True)
+        ids.copy_(torch.as_tensor(logits, device="cuda")[:, -1].argmax(-1, keepdim=True))
+        tokens.append(ids.clone())
+    torch.cuda.synchronize()
+    return first, time.perf_counter() - began, torch.cat(tokens, dim=1)
+
+
+def torch_generate(model: Any, prompt: Any, new: int, compiled: bool) -> tuple[float, float]:
+    """(seconds to the first token, seconds for the other new tokens) with a static cache."""
+    import torch
+
+    options = {
+        "do_sample": False,
+        "cache_implementation": "static",
+        "disable_compile": not compiled,
+        "pad_token_id": 0,
+    }
+    mask = torch.ones_like(prompt)
+    timings = []
+    for count in (1, new):
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        model.generate(
+            prompt, attention_mask=mask, max_new_tokens=count, min_new_tokens=count, **options
+        )
+        torch.cuda.synchronize()
+        timings.append(time.perf_counter() - began)
+    return timings[0], timings[1] - timings[0]
+
+
+def main() -> None:
+    """Build, export, compile and race; print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="4 layers, 64 new tokens")
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    args = parser.parse_args()
+    import torch
+
+    layers, new = (4, 64) if args.quick else (16, 256)
+    model = build(layers)
+    parameters = sum(p.numel() for p in model.parameters())
+    step_bound = parameters * 2 / BANDWIDTH
+    print(
+        f"decoder: {layers} layers, {parameters / 1e9:.3f}B parameters; weight-bandwidth "
+        f"bound {step_bound * 1e3:.3f} ms/step"
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        began = time.perf_counter()
+        path = export(model, Path(folder))
+        print(f"exported in {time.perf_counter() - began:.1f} s")
+        caches = {
+            f"present.{i}.{kv}": f"past_key_values.{i}.{kv}"
+            for i in range(layers)
+            for kv in ("key", "value")
+        }
+        session = knopt.compile(
+            path,
+            "cuda",
+            precision="fp16",
+            dims={
+                "batch": (1, 1, 8),
+                "seq": (1, PROMPT, PROMPT),
+                "past": (0, PROMPT, PROMPT + new),
+            },
+            resident=caches,
+            cache_mask="attention_mask",
+        )
+        began = time.perf_counter()
+        session.run(
+            ["logits"],
+            {
+                "input_ids": np.ones((1, 4), np.int64),
+                "attention_mask": np.ones((1, 4), np.int64),
+                "position_ids": np.arange(4)[None],
+            },
+        )
+        print(f"knopt optimized and compiled in {time.perf_counter() - began:.1f} s")
+    for batch in (1, 8):
+        prompt = torch.randint(0, 32000, (batch, PROMPT), device="cuda")
+        cold = knopt_generate(session, prompt, new)
+        first, rest, tokens = knopt_generate(session, prompt, new)
+        rows = {"knopt": (first, rest), "knopt (cold)": cold[:2]}
+        rows["torch eager, static cache"] = torch_generate(model, prompt, new, compiled=False)
+        if not args.no_compile:
+            torch_generate(model, prompt, new, compiled=True)  # compiles
+            rows["torch.compile decode step"] = torch_generate(model, prompt, new, compiled=True)
+        print(f"\nbatch {batch}, prompt {PROMPT}, {new} new tokens (greedy, fp16)")
+        header = ("first token ms", "decode tok/s", "ms/step", "of bound")
+        print(f"{'':28s} {header[0]:>15s} {header[1]:>13s} {header[2]:>9s} {header[3]:>9s}")
+        for name, (ttft, decode) in rows.items():
+            per_step = decode / (new - 1)
+            rate = batch * (new - 1) / decode
+            print(
+                f"{name:28s} {ttft * 1e3:15.1f} {rate:13.1f} {per_step * 1e3:9.3f} "
+                f"{step_bound / per_step:9.1%}"
+            )
+        agreement = _agreement(model, prompt, tokens)
+        print(f"knopt's greedy tokens equal torch's for {agreement:.0%} of the first 16 steps")
+        session.reset()
+
+
+def _agreement(model: Any, prompt: Any, tokens: Any) -> float:
+    """The share of knopt's first 16 greedy tokens that torch (eager, static) also picks."""
+    import torch
+
+    with torch.no_grad():
+        reference = model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=16,
+            min_new_tokens=16,
+            do_sample=False,
+            cache_implementation="static",
+            disable_compile=True,
+            pad_token_id=0,
+        )[:, PROMPT:]
+    return float((reference == tokens[:, :16]).float().mean())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""A stand-in GPU that records what the executor asks of it, for dry runs without a GPU.
+
+It allocates addresses, keeps uploads, and checks each launch against the kernel's C
+signature (the number of arguments, and pointers against scalars of the declared types), so
+the runner's and executor's Python paths run on any machine. Nothing is computed: downloads
+return zeros. Library plans (cuBLASLt, cuDNN) are replaced by `FakeLibraryPlan`s.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+_SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(')
+_SCALARS = {
+    "int": np.int32,
+    "long long": np.int64,
+    "float": np.float32,
+    "double": np.float64,
+}
+
+
+def signatures(source: str) -> dict[str, list[str]]:
+    """Each kernel's parameter declarations in a translation unit, by kernel name."""
+    found = {}
+    for match in _SIGNATURE.finditer(source):
+        depth, start = 1, match.end()
+        index = start
+        while depth:
+            depth += {"(": 1, ")": -1}.get(source[index], 0)
+            index += 1
+        text = source[start : index - 1]
+        found[match.group(1)] = [p.strip() for p in text.split(",") if p.strip()]
+    return found
+
+
+@dataclass
+class FakeGpu:
+    """Records allocations, uploads, launches and captures."""
+
+    arch: str = "sm_90"
+    stream_handle: int = 7
+    next_address: int = 1 << 20
+    live: dict[int, int] = field(default_factory=dict)
+    uploads: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    launches: list[tuple[str, tuple[int, int, int], list[Any]]] = field(default_factory=list)
+    captures: int = 0
+    replays: int = 0
+    kernels: dict[str, list[str]] = field(default_factory=dict)
+
+    def allocate(self, nbytes: int) -> int:
+        address = self.next_address
+        self.next_address += -(-max(nbytes, 256) // 4096) * 4096 + 4096
+        self.live[address] = nbytes
+        return address
+
+    def release(self, address: int) -> None:
+        assert address in self.live, f"freeing {address:#x}, which is not allocated"
+        del self.live[address]
+
+    def upload(self, address: int, array: np.ndarray) -> None:
+        self._check_inside(address, np.asarray(array).nbytes)
+        self.uploads.append((address, np.array(array)))
+
+    def download(self, address: int, array: np.ndarray) -> np.ndarray:
+        self._check_inside(address, array.nbytes)
+        array[...] = 0
+        return array
+
+    def copy(self, target: int, source: int, nbytes: int) -> None:
+        self._check_inside(target, nbytes)
+
+    def fill(self, address: int, byte: int, nbytes: int) -> None:
+        self._check_inside(address, nbytes)
+
+    def load(self, cubin: bytes, names: Sequence[str]) -> dict[str, Any]:
+        return {name: name for name in names}
+
+    def allow_shared(self, kernel: Any, nbytes: int) -> None:
+        assert nbytes <= 227 * 1024
+
+    def launch(
+        self,
+        kernel: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared: int,
+        args: Sequence[Any],
+    ) -> None:
+        params = self.kernels[kernel]
+        assert len(params) == len(args), f"{kernel}: {len(args)} arguments for {params}"
+        for param, arg in zip(params, args, strict=True):
+            if "*" in param:
+                assert isinstance(arg, int | np.uint64), f"{kernel}: {param} <- {arg!r}"
+                assert int(arg) == 0 or self._inside(int(arg)), f"{kernel}: {param} <- {arg:#x}"
+            else:
+                kind = _SCALARS[param.removeprefix("const ").rsplit(" ", 1)[0]]
+                assert isinstance(arg, kind), f"{kernel}: {param} <- {arg!r}"
+        assert all(g >= 1 for g in grid), f"{kernel}: grid {grid}"
+        self.launches.append((kernel, grid, list(args)))
+
+    def sync(self) -> None:
+        pass
+
+    def begin_capture(self) -> None:
+        pass
+
+    def end_capture(self) -> Any:
+        self.captures += 1
+        return object()
+
+    def abort_capture(self) -> None:
+        pass
+
+    def replay(self, executable: Any) -> None:
+        self.replays += 1
+
+    def release_graph(self, executable: Any) -> None:
+        pass
+
+    def _inside(self, address: int) -> bool:
+        return any(start <= address < start + max(n, 1) for start, n in self.live.items())
+
+    def _check_inside(self, address: int, nbytes: int) -> None:
+        if nbytes:
+            assert any(
+                start <= address and address + nbytes <= start + max(n, 256)
+                for start, n in self.live.items()
+            ), f"{nbytes} bytes at {address:#x} are outside every allocation"
+
+
+@dataclass
+class FakeLibraryPlan:
+    """What Blas.plan and Dnn.plan return: always fused, no workspace."""
+
+    step: Any
+    fused: bool = True
+    workspace: int = 0
+
+    def enqueue(self, addresses: Any, workspace: int, stream: int) -> None:
+        pass
+
+
+class _FakeLibrary:
+    def __init__(self, gpu: Any = None) -> None:
+        self.plans: list[Any] = []
+
+    def plan(self, step: Any) -> FakeLibraryPlan:
+        self.plans.append(step)
+        return FakeLibraryPlan(step)
+
+
+@contextmanager
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
+    """Patch the CUDA backend to run on a FakeGpu (NVRTC output is read for signatures only)."""
+    import knopt.cuda
+    from knopt.cuda import executor, nvrtc, runner
+
+    gpu = FakeGpu()
+
+    def compile_cubin(source: str, arch: str, name: str = "knopt.cu") -> bytes:
+        gpu.kernels.update(signatures(source))
+        nvrtc.stats.compiles += 1
+        return b"\x7fELF"
+
+    monkeypatch.setattr(nvrtc, "compile_cubin", compile_cubin)
+    monkeypatch.setattr(knopt.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(executor, "Gpu", lambda: gpu)
+    monkeypatch.setattr(runner, "Gpu", lambda: gpu)
+    for module, cls in (("knopt.cuda.blas", "Blas"), ("knopt.cuda.dnn", "Dnn")):
+        fake = types.ModuleType(module)
+        setattr(fake, cls, _FakeLibrary)
+        monkeypatch.setitem(sys.modules, module, fake)
+    yield gpu

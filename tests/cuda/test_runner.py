@@ -1,0 +1,172 @@
+"""The cuda runner's bookkeeping, dry-run on a stand-in GPU (tests/cuda/fake_gpu.py).
+
+Nothing is computed here (GPU tests check numbers): these check that a new size plans and
+reuses compiled kernels, that launches match their kernels' signatures, that memory is
+allocated and freed as planned, and that decoding steps replay one CUDA graph per bucket.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import knopt
+
+pytest.importorskip("cuda.core", reason="the cuda runner needs cuda-python (not a GPU)")
+
+from knopt.cuda import nvrtc
+from knopt.cuda.runner import PROGRAMS_KEPT, SIZES_KEPT, CudaRunner, probe_sizes, warm_sizes
+from knopt.ir.bind import bind_program
+from knopt.ir.dims import SizeProfile
+from knopt.ir.program import Program
+from knopt.opt.optimize import optimize
+from tests.cuda.fake_gpu import FakeGpu, fake_gpu
+from tests.models import MODELS
+
+DECODER = MODELS.parent / "decoder" / "llama_kv_ts17.onnx"
+CACHES = {
+    f"present.{i}.{kv}": f"past_key_values.{i}.{kv}" for i in range(2) for kv in ("key", "value")
+}
+
+
+@pytest.fixture
+def gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGpu]:
+    with fake_gpu(monkeypatch) as fake:
+        yield fake
+
+
+@functools.cache
+def _bert() -> Program:
+    return optimize(knopt.load(MODELS / "bert_ts14.onnx"), profile="h200-graph").program
+
+
+def _feeds(batch: int, seq: int) -> dict[str, np.ndarray]:
+    ids = np.arange(batch * seq, dtype=np.int64).reshape(batch, seq) % 50
+    return {"input_ids": ids, "attention_mask": np.ones((batch, seq), np.int64)}
+
+
+def test_new_sizes_reuse_the_kernels_of_their_kind(gpu: FakeGpu) -> None:
+    runner = CudaRunner("fp16")
+    runner.dims = SizeProfile.parse({"batch": (1, 4, 8), "seq": (1, 8, 16)}, {"batch", "seq"})
+    runner.run(_bert(), {"batch": 2, "seq": 12}, _feeds(2, 12))
+    compiles = nvrtc.stats.compiles
+    for batch, seq in ((3, 12), (5, 16), (2, 9), (8, 3), (1, 13), (4, 1), (7, 15)):
+        (out,) = runner.run(_bert(), {"batch": batch, "seq": seq}, _feeds(batch, seq))
+        assert out.shape == (batch, seq, 32)
+    assert nvrtc.stats.compiles == compiles  # the profile's kinds were prepared at the start
+
+
+def test_a_size_seen_before_replays_its_graph(gpu: FakeGpu) -> None:
+    runner = CudaRunner("f32")
+    runner.run(_bert(), {"batch": 2, "seq": 12}, _feeds(2, 12))
+    runner.run(_bert(), {"batch": 2, "seq": 12}, _feeds(2, 12))
+    assert (gpu.captures, gpu.replays) == (1, 1)
+
+
+def test_plans_beyond_the_bound_are_forgotten_and_their_memory_freed(gpu: FakeGpu) -> None:
+    runner = CudaRunner("f32")
+    for seq in range(1, SIZES_KEPT + 4):
+        runner.run(_bert(), {"batch": 1, "seq": seq % 16 + 1}, _feeds(1, seq % 16 + 1))
+    state = runner.state(_bert())
+    assert len(state.executables) <= SIZES_KEPT
+    inputs = {e.inputs for e in state.executables.values()}
+    pools = {p.address for p in state.runtime.pools.values()}
+    resident = {state.runtime.weights, *pools} - {0}
+    assert set(gpu.live) == inputs | resident
+
+
+def test_programs_beyond_the_bound_free_their_memory(gpu: FakeGpu) -> None:
+    runner = CudaRunner("f32")
+    program = _bert()
+    for batch in range(1, PROGRAMS_KEPT + 3):  # a program per size, as PerSizeSession makes
+        sized = bind_program(program, {"batch": batch, "seq": 4})
+        runner.run(sized, {}, _feeds(batch, 4))
+    held = set()
+    for state in runner._states.values():
+        held |= {e.inputs for e in state.executables.values()}
+        runtime = state.runtime
+        held |= {runtime.weights, *(p.address for p in runtime.pools.values())} - {0}
+    assert set(gpu.live) == held
+
+
+def test_probes_keep_sizes_of_one_and_move_together() -> None:
+    dims = SizeProfile.parse({"seq": (1, 8, 16)}, {"batch", "seq", "past", "total"})
+    first = next(probe_sizes({"batch": 1, "seq": 1, "past": 63, "total": 64}, dims))
+    assert first == {"batch": 1, "seq": 1, "past": 71, "total": 72}
+    probes = list(probe_sizes({"batch": 4, "seq": 12}, dims))
+    assert probes[:2] == [{"batch": 12, "seq": 12}, {"batch": 4, "seq": 4}]
+
+
+def test_warm_sizes_cover_the_profile_around_opt() -> None:
+    dims = SizeProfile.parse({"batch": (1, 4, 8), "seq": (1, 8, 16)}, {"batch", "seq"})
+    sizes = warm_sizes({"batch": 3, "seq": 5}, dims)
+    assert sizes[0] == {"batch": 4, "seq": 8}
+    assert {"batch": 1, "seq": 9} in sizes
+    assert {s["seq"] for s in sizes} == {1, 2, 4, 8, 9, 10, 12, 16}
+    assert len(sizes) == len({tuple(s.items()) for s in sizes})
+
+
+@pytest.mark.parametrize("precision", ["f32", "fp16"])
+def test_decoding_compiles_nothing_after_the_prefill(gpu: FakeGpu, precision: str) -> None:
+    session = knopt.compile(
+        DECODER,
+        "cuda",
+        precision=precision,
+        dims={"batch": (1, 2, 4), "seq": (1, 8, 32), "past": (0, 16, 200)},
+        resident=CACHES,
+        cache_mask="attention_mask",
+    )
+    rng = np.random.default_rng(0)
+    feeds = {
+        "input_ids": rng.integers(0, 64, (2, 5)),
+        "attention_mask": np.ones((2, 5), np.int64),
+        "position_ids": np.tile(np.arange(5), (2, 1)),
+    }
+    session.run(["logits"], feeds)
+    compiles, runs = nvrtc.stats.compiles, session.stats.optimizer_runs
+    for position in range(5, 140):
+        step = {
+            "input_ids": rng.integers(0, 64, (2, 1)),
+            "attention_mask": np.ones((2, position + 1), np.int64),
+            "position_ids": np.full((2, 1), position),
+        }
+        (logits,) = session.run(["logits"], step)
+        assert logits.shape == (2, 1, 64)
+    assert (nvrtc.stats.compiles, session.stats.optimizer_runs) == (compiles, runs)
+    # Lengths 5 ... 139 fall in three buckets of 64 rows: one plan and capture each.
+    assert session.stats.bindings == 1 + 3
+    assert gpu.captures == 1 + 3
+    last = {"attention_mask": np.ones((2, 141), np.int64), "position_ids": np.full((2, 1), 140)}
+    (present,) = session.run(["present.1.value"], step | last)
+    assert present.shape == (2, 2, 141, 8)
+
+
+def test_a_bucketed_step_moves_its_rows_to_the_real_length(gpu: FakeGpu) -> None:
+    session = knopt.compile(
+        DECODER,
+        "cuda",
+        dims={"past": (0, 16, 100), "seq": (1, 1, 8)},
+        resident=CACHES,
+        cache_mask="attention_mask",
+    )
+    feeds = {
+        "input_ids": np.ones((1, 3), np.int64),
+        "attention_mask": np.ones((1, 3), np.int64),
+        "position_ids": np.arange(3)[None],
+    }
+    session.run(["logits"], feeds)
+    step = {
+        "input_ids": np.ones((1, 1), np.int64),
+        "attention_mask": np.ones((1, 4), np.int64),
+        "position_ids": np.array([[3]]),
+    }
+    session.run(["logits"], step)
+    relocation = [a for k, _, a in gpu.launches if k.startswith("kn_g_")][-1]
+    # The last launch copies the step's rows of all four caches (planned at 63) at once.
+    sizes = [int(a) for a in relocation[3:8]]
+    assert sizes == [1, 2, 1, 8, 4]
+    position = [address for address, data in gpu.uploads if data.dtype == np.int32][-1]
+    assert relocation[2] == position
