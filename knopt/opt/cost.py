@@ -420,7 +420,7 @@ FLOPS: dict[str, FlopCount] = {
     **{cls.__name__: count for cls, count in _OP_FLOPS.items()},
     **{kind.constructor: _kernel_flops(kind) for kind in KernelKind},
 }
-# Products of 8-bit integers, priced at the device's integer matrix rate.
-_INT8_PRODUCTS = frozenset(
-    {"IntMatMul", "IntConv", KernelKind.INT_MATMUL.constructor, KernelKind.INT_CONV.constructor}
-)
+# Products of 8-bit integers priced at the device's integer matrix rate: the GEMM, which the
+# GPU runs on its int8 tensor cores. IntConv has the plain integer rate: the GPU runs it as a
+# direct kernel (knopt/cuda/gen/quantized.py), so a large one stays a float convolution.
+_INT8_PRODUCTS = frozenset({"IntMatMul", KernelKind.INT_MATMUL.constructor})
