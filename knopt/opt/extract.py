@@ -12,8 +12,8 @@ however many readers it has (DAG cost). Three steps:
    needed class that could read a class outside the program read it, which then takes its
    best node (a merged op, which pays only once all its parts read it). A move that would make
    a cycle is refused: a topological numbering of the current choice answers most checks at
-   once, a bounded search the rest. The original program is a second starting point, so the result is
-   never estimated worse than the input.
+   once, a bounded search the rest. The original program is a second starting point, so the
+   result is never estimated worse than the input.
 3. **ILP** (HiGHS through highspy, knopt/opt/ilp.py) when the e-graph is small enough, with
    explicit acyclicity constraints, warm-started from step 2 and time-limited.
 
