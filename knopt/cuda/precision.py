@@ -16,6 +16,7 @@ import numpy as np
 from knopt.errors import KnoptError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
+from knopt.ir.kernel import KernelKind
 from knopt.ir.op import TensorType
 from knopt.ir.program import (
     BinaryE,
@@ -82,6 +83,46 @@ def _expr(expr: Expr | None, target: DType) -> Expr | None:
     return expr
 
 
+# Kinds whose epilogue stays in f32: their accumulator is int32, and dequantized (before a
+# requantization scales it back) it can pass float16's largest value, 65504.
+_F32_EPILOGUES = frozenset({KernelKind.INT_MATMUL, KernelKind.INT_CONV})
+
+
+def _widened_loads(expr: Expr, wide: frozenset[int]) -> Expr:
+    """`expr` reading the inputs in `wide` (f32 tensors, now narrowed) back in f32."""
+    if isinstance(expr, Load):
+        return CastE(expr, DType.F32) if expr.index in wide else expr
+    if isinstance(expr, UnaryE):
+        return UnaryE(expr.kind, _widened_loads(expr.x, wide))
+    if isinstance(expr, BinaryE):
+        return BinaryE(expr.kind, _widened_loads(expr.a, wide), _widened_loads(expr.b, wide))
+    if isinstance(expr, ClampE):
+        return ClampE(_widened_loads(expr.x, wide), expr.lo, expr.hi)
+    if isinstance(expr, CastE):
+        return CastE(_widened_loads(expr.x, wide), expr.dtype)
+    if isinstance(expr, WhereE):
+        return WhereE(*(_widened_loads(e, wide) for e in (expr.condition, expr.a, expr.b)))
+    return expr
+
+
+def _f32_epilogue(program: Program, kernel: Kernel, target: DType) -> Expr | None:
+    """An integer product's epilogue computing in f32 between narrowed inputs and output."""
+    assert kernel.epilogue is not None
+    wide = frozenset(
+        i for i, t in enumerate(kernel.inputs) if program.tensors[t].type.dtype is DType.F32
+    )
+    expr = _widened_loads(kernel.epilogue, wide)
+    if program.tensors[kernel.output].type.dtype is DType.F32:
+        return CastE(expr, target)
+    return expr
+
+
+def _epilogue(program: Program, kernel: Kernel, target: DType) -> Expr | None:
+    if kernel.epilogue is not None and KernelKind.of_name(kernel.kind) in _F32_EPILOGUES:
+        return _f32_epilogue(program, kernel, target)
+    return _expr(kernel.epilogue, target)
+
+
 def _op(op: ops.Op | None, target: DType) -> ops.Op | None:
     if isinstance(op, ops.Cast | ops.Iota) and op.dtype is DType.F32:
         return dataclasses.replace(op, dtype=target)
@@ -115,7 +156,7 @@ def narrow_program(program: Program, target: DType) -> Program:
                 inputs=tuple(renamed.get(t, t) for t in kernel.inputs),
                 body=_expr(kernel.body, target),
                 prologue=_expr(kernel.prologue, target),
-                epilogue=_expr(kernel.epilogue, target),
+                epilogue=_epilogue(program, kernel, target),
             )
         )
     outputs = []

@@ -34,6 +34,7 @@ RULE_FILES = (
     "attention.egg",
     "merge.egg",
     "fusion.egg",
+    "quantize.egg",
 )
 SCHEDULE_FILE = "schedule.egg"
 # Rulesets whose rules add facts (types, folded values) rather than rewrite: reports count
