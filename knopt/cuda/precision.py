@@ -9,6 +9,7 @@ as `(1 - mask) * float32.min`, which as -inf would turn the zeros of the mask in
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import ml_dtypes
 import numpy as np
@@ -17,7 +18,7 @@ from knopt.errors import KnoptError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.kernel import KernelKind
-from knopt.ir.op import TensorType
+from knopt.ir.op import Binary, TensorType
 from knopt.ir.program import (
     BinaryE,
     CastE,
@@ -33,6 +34,7 @@ from knopt.ir.program import (
 )
 
 PRECISIONS = {"f32": None, "tf32": None, "fp16": DType.F16, "bf16": DType.BF16}
+logger = logging.getLogger("knopt")
 
 
 def narrow_dtype(precision: str) -> DType | None:
@@ -44,6 +46,53 @@ def narrow_dtype(precision: str) -> DType | None:
     if precision not in PRECISIONS:
         raise KnoptError(f"precision '{precision}' is unknown (use {', '.join(PRECISIONS)})")
     return PRECISIONS[precision]
+
+
+def _scales(expr: Expr | None) -> bool:
+    """Whether `expr` multiplies or divides anything (an int32 sum's dequantizing scale)."""
+    if isinstance(expr, BinaryE):
+        return expr.kind in (Binary.MUL, Binary.DIV) or _scales(expr.a) or _scales(expr.b)
+    if isinstance(expr, UnaryE | ClampE | CastE):
+        return _scales(expr.x)
+    if isinstance(expr, WhereE):
+        return any(_scales(e) for e in (expr.condition, expr.a, expr.b))
+    return False
+
+
+def unscaled_sums(program: Program) -> list[Kernel]:
+    """Integer products that write their int32 sum to an f32 tensor without scaling it.
+
+    Such a sum (up to 127 * 127 * K) passes float16's largest value, 65504, and loses digits
+    well before: narrowed, the tensor would hold infinities. It happens when extraction leaves
+    the dequantizing scale to a kernel of its own.
+    """
+    return [
+        k
+        for k in program.kernels
+        if KernelKind.of_name(k.kind) in _F32_EPILOGUES
+        and program.tensors[k.output].type.dtype is DType.F32
+        and not _scales(k.epilogue)
+    ]
+
+
+def effective_precision(program: Program, precision: str) -> str:
+    """`precision`, or "f32" where narrowing would lose an integer product's sum (logged).
+
+    Raises:
+        KnoptError: If `precision` is unknown.
+    """
+    if narrow_dtype(precision) is None or not (kernels := unscaled_sums(program)):
+        return precision
+    names = ", ".join(f"'{k.names[0] if k.names else k.output}'" for k in kernels[:3])
+    logger.warning(
+        "precision %s: %d integer product(s) (%s) write an unscaled int32 sum that %s cannot "
+        "hold; the program runs in f32",
+        precision,
+        len(kernels),
+        names,
+        precision,
+    )
+    return "f32"
 
 
 def _retype(dtype: DType, target: DType) -> DType:
