@@ -357,8 +357,8 @@ def _centered(em: Emitter, value: str, zero: str) -> str:
 
 
 # The products of IntMatMul and IntConv run in int32 over centered operands, which is what
-# they mean whatever the shape of their zero points (MatMulInteger and ConvInteger take
-# per-tensor or per-channel ones only).
+# they mean whatever the shape of their zero points (with per-tensor ones they are
+# MatMulInteger and ConvInteger instead: knopt/onnx/export_integer.py).
 def _int_matmul(em: Emitter, op: ops.IntMatMul, node: Node, args: list[str]) -> str:
     a, b, a_zero, b_zero = args
     return em.op("MatMul", [_centered(em, a, a_zero), _centered(em, b, b_zero)])

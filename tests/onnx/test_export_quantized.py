@@ -6,7 +6,10 @@ Int4MatMul its weight unpacked by integer ops (equal within float rounding of th
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
+import pytest
 
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
@@ -36,6 +39,24 @@ def test_int_matmul_exports_exactly(rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(ours, expected)
 
 
+@pytest.mark.parametrize(("atype", "btype"), [(U8, I8), (U8, U8), (I8, I8)])
+def test_int_matmul_with_per_tensor_zero_points_is_one_matmul_integer(
+    rng: np.random.Generator, atype: DType, btype: DType
+) -> None:
+    b = GraphBuilder("case")
+    a = b.input("a", (sym("batch"), 5, 24), atype)
+    w = b.broadcast(b.constant(_codes(rng, (24, 7), btype)), (sym("batch"), 24, 7))
+    zero_b = b.broadcast(b.view(b.constant(_codes(rng, (), btype)), (1, 1, 1)), (1, 1, 7))
+    b.output(b.int_matmul(a, w, b.constant(_codes(rng, (), atype)), zero_b), "y")
+    graph = b.build()
+    model = save_onnx(graph)
+    assert Counter(n.op_type for n in model.graph.node)["MatMulInteger"] == 1
+    feeds = {"a": _codes(rng, (3, 5, 24), atype)}
+    (expected,) = run_knopt(graph, feeds)
+    (ours,) = run_onnxruntime(model, feeds)
+    np.testing.assert_array_equal(ours, expected)
+
+
 def test_int_conv_exports_exactly(rng: np.random.Generator) -> None:
     b = GraphBuilder("case")
     x = b.input("x", (2, 4, 7, 6), I8)
@@ -56,6 +77,34 @@ def test_int_conv_exports_exactly(rng: np.random.Generator) -> None:
     feeds = {"x": _codes(rng, (2, 4, 7, 6), I8)}
     (expected,) = run_knopt(graph, feeds)
     (ours,) = run_onnxruntime(save_onnx(graph), feeds)
+    np.testing.assert_array_equal(ours, expected)
+
+
+@pytest.mark.parametrize(("xtype", "wtype"), [(I8, I8), (U8, I8), (U8, U8)])
+def test_int_conv_with_per_tensor_zero_points_is_one_conv_integer(
+    rng: np.random.Generator, xtype: DType, wtype: DType
+) -> None:
+    b = GraphBuilder("case")
+    x = b.input("x", (2, 4, 7, 6), xtype)
+    w = b.constant(_codes(rng, (6, 2, 3, 3), wtype))
+    zero_w = b.broadcast(b.view(b.constant(_codes(rng, (1,), wtype)), (1, 1, 1, 1)), (6, 1, 1, 1))
+    y = b.int_conv(
+        x,
+        w,
+        b.constant(_codes(rng, (), xtype)),
+        zero_w,
+        strides=(1, 2),
+        pads=((1, 1), (0, 1)),  # padded taps hold the zero point: they add nothing
+        dilations=(2, 1),
+        groups=2,
+    )
+    b.output(y, "y")
+    graph = b.build()
+    model = save_onnx(graph)
+    assert Counter(n.op_type for n in model.graph.node) == Counter({"ConvInteger": 1})
+    feeds = {"x": _codes(rng, (2, 4, 7, 6), xtype)}
+    (expected,) = run_knopt(graph, feeds)
+    (ours,) = run_onnxruntime(model, feeds)
     np.testing.assert_array_equal(ours, expected)
 
 
