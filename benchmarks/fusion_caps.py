@@ -48,9 +48,10 @@ from tests.models import MODELS, fixtures  # noqa: E402
 BODY, EPILOGUE = 12, 8  # the caps as shipped
 BODY_CAPS = (4, 8, 12, 16, 24, 32)
 EPILOGUE_CAPS = (2, 4, 8, 12, 16)
-# Each cap is a literal at the end of a guard on `body-size`: `(< (body-size bx) 12)` for a body,
-# `(< (+ (body-size ep) (body-size bz)) 8)` for an epilogue. Lines of fusion.egg with such guards:
-_GUARDS = {"body": 12, "epilogue": 5}
+# A body's cap is a literal at the end of a guard on `body-size`: `(< (body-size bx) 12)`; an
+# epilogue's is the float main ops' `(set (epilogue-cap y) 8)` (integer products' epilogues, which
+# carry their dequantization, have 24). Lines of fusion.egg with each:
+_GUARDS = {"body": 12, "epilogue": 4}
 
 
 def fusion_rules(body: int, epilogue: int) -> list[RuleFile]:
@@ -72,8 +73,9 @@ def fusion_rules(body: int, epilogue: int) -> list[RuleFile]:
 def _with_caps(text: str, body: int, epilogue: int) -> str:
     lines, found = [], {"body": 0, "epilogue": 0}
     for line in text.splitlines(keepends=True):
-        if "(body-size ep)" in line and re.search(r" 8\)", line):
-            line, found["epilogue"] = re.sub(r" 8\)", f" {epilogue})", line), found["epilogue"] + 1
+        if "(set (epilogue-cap y) 8)" in line:  # float epilogues; integer products' stay 24
+            line = line.replace("(epilogue-cap y) 8)", f"(epilogue-cap y) {epilogue})")
+            found["epilogue"] += 1
         elif "(body-size b" in line and re.search(r" 12\)", line):
             line, found["body"] = re.sub(r" 12\)", f" {body})", line), found["body"] + 1
         lines.append(line)

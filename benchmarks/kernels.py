@@ -2,6 +2,7 @@
 
     python benchmarks/kernels.py              # table, and a new entry in benchmarks/RESULTS.md
     python benchmarks/kernels.py --no-record --profile cpu
+    python benchmarks/kernels.py --quantized  # the quantized fixtures (tests/fixtures/quantized)
 
 For each committed fixture model: its ONNX node count, the node count onnxruntime reaches with
 ORT_ENABLE_ALL (CPU provider, saved with `optimized_model_filepath`: each node is a kernel it
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import platform
 import sys
@@ -27,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 DATE = datetime.date.today().isoformat()  # the day the numbers are measured
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 SECTION = "## Kernel counts vs onnxruntime"
+QUANTIZED = ROOT / "tests" / "fixtures" / "quantized"
 
 
 def _onnxruntime_nodes(path: Path, folder: Path) -> int:
@@ -41,25 +44,34 @@ def _onnxruntime_nodes(path: Path, folder: Path) -> int:
     return len(onnx.load(options.optimized_model_filepath).graph.node)
 
 
-def measure(profile: str) -> list[tuple[str, int, int, int, float]]:
+def _paths(quantized: bool) -> list[Path]:
+    """The fixture models: the float ones, or the quantized ones."""
+    if quantized:
+        manifest = json.loads((QUANTIZED / "manifest.json").read_text())
+        return [QUANTIZED / entry["file"] for entry in manifest["files"]]
+    from tests.models import fixtures
+
+    return [fixture.path for fixture in fixtures()]
+
+
+def measure(profile: str, quantized: bool = False) -> list[tuple[str, int, int, int, float]]:
     """Per fixture: (file, ONNX nodes, onnxruntime nodes, knopt kernels, optimize seconds)."""
     import onnx
 
     import knopt
-    from tests.models import fixtures
 
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for fixture in fixtures():
-            onnx_nodes = len(onnx.load(fixture.path).graph.node)
-            ort_nodes = _onnxruntime_nodes(fixture.path, Path(folder))
+        for path in _paths(quantized):
+            onnx_nodes = len(onnx.load(path).graph.node)
+            ort_nodes = _onnxruntime_nodes(path, Path(folder))
             began = time.perf_counter()
-            result = knopt.optimize(knopt.load(fixture.path), profile=profile)
+            result = knopt.optimize(knopt.load(path), profile=profile)
             seconds = time.perf_counter() - began
             kernels = result.report.kernels
-            rows.append((fixture.file, onnx_nodes, ort_nodes, kernels, seconds))
+            rows.append((path.name, onnx_nodes, ort_nodes, kernels, seconds))
             print(
-                f"{fixture.file:34s} onnx {onnx_nodes:4d}  onnxruntime {ort_nodes:4d}  "
+                f"{path.name:34s} onnx {onnx_nodes:4d}  onnxruntime {ort_nodes:4d}  "
                 f"knopt {kernels:4d}  ({seconds:.1f} s)",
                 flush=True,
             )
@@ -87,16 +99,18 @@ def _summary(rows: list[tuple[str, int, int, int, float]]) -> str:
     )
 
 
-def _record(profile: str, rows: list[tuple[str, int, int, int, float]]) -> None:
+def _record(profile: str, rows: list[tuple[str, int, int, int, float]], quantized: bool) -> None:
     import onnxruntime
 
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
     machine = f"{platform.processor() or platform.machine()}, Python {platform.python_version()}"
+    which = ", quantized models" if quantized else ""
+    flag = " --quantized" if quantized else ""
     entry = [
         "",
-        f"{SECTION} ({DATE}, profile {profile})",
+        f"{SECTION}{which} ({DATE}, profile {profile})",
         "",
-        f"`python benchmarks/kernels.py --profile {profile}` ({machine}, onnxruntime "
+        f"`python benchmarks/kernels.py{flag} --profile {profile}` ({machine}, onnxruntime "
         f"{onnxruntime.__version__}). onnxruntime: ORT_ENABLE_ALL on the CPU provider, nodes of "
         "the saved optimized model; knopt: kernels of the Program `knopt.optimize` chose under "
         f"the '{profile}' cost model.",
@@ -113,11 +127,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="h200", help="knopt's cost model (default: h200)")
     parser.add_argument("--no-record", action="store_true", help="do not touch RESULTS.md")
+    parser.add_argument(
+        "--quantized", action="store_true", help="the quantized fixtures (tests/fixtures/quantized)"
+    )
     args = parser.parse_args()
-    rows = measure(args.profile)
+    rows = measure(args.profile, args.quantized)
     print(_summary(rows))
     if not args.no_record:
-        _record(args.profile, rows)
+        _record(args.profile, rows, args.quantized)
         print(f"recorded in {RESULTS.relative_to(ROOT)}")
     return 0
 

@@ -21,7 +21,10 @@ Each timing is the median over rounds of the CUDA-event time of a CUDA graph of 
 launches, divided by `inner` (graphs keep Python's launch overhead out of microsecond kernels).
 Every product is checked against torch before it is timed. Targets (issue #14): int8 GEMM
 >= 1.6x fp16 throughput at 4096^3 and above; W4A16 at M = 1 >= 2.5x faster than fp16.
-Needs a CUDA GPU, torch, nvmath-python and cuda-python.
+Then a whole model (benchmarks/quantized_bert.py, skipped with --no-models): BERT-base at
+batch 32 quantized by onnxruntime, through knopt, against knopt's and torch.compile's fp16 runs
+of the float model (target: faster than knopt's fp16). Needs a CUDA GPU, torch, nvmath-python,
+cuda-python, and for the model transformers and onnxruntime.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.quantized_bert import bert_row, model_lines  # noqa: E402
 from knopt.cuda import nvrtc  # noqa: E402
 from knopt.cuda.blas import Blas  # noqa: E402
 from knopt.cuda.driver import Gpu  # noqa: E402
@@ -529,6 +533,9 @@ def main() -> int:
         action="store_true",
         help="only W4A16, M from 1 to 1024, every kernel configuration and route, cold M = 1",
     )
+    parser.add_argument(
+        "--no-models", action="store_true", help="the products only, not the quantized BERT-base"
+    )
     args = parser.parse_args()
     rounds = 5 if args.quick else args.rounds
     bench = Bench()
@@ -543,6 +550,8 @@ def main() -> int:
         rows = int8_rows(bench, sizes, rounds)
         rows += w4a16_rows(bench, [1, 16, 128], 4096, 4096, 128, rounds, variants=False)
     lines = entry(rows, bench, outputs)
+    if not (args.no_models or args.w4a16_only):
+        lines += ["", "Whole models (benchmarks/quantized_bert.py):", "", *model_lines(bert_row())]
     print("\n".join(lines))
     if args.json:
         raw = [

@@ -35,6 +35,7 @@ _COMPUTE_OPS = (
     ops.LayerNorm,
     ops.RmsNorm,
     ops.Attention,
+    ops.Int4MatMul,
 )
 
 

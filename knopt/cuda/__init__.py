@@ -49,8 +49,9 @@ def prepare(program: Program, precision: str = "f32") -> Executable:
     """
     from knopt.cuda.executor import Executable
     from knopt.cuda.planner import build_plan
-    from knopt.cuda.precision import narrow_dtype, narrow_program
+    from knopt.cuda.precision import effective_precision, narrow_dtype, narrow_program
 
+    precision = effective_precision(program, precision)
     target = narrow_dtype(precision)
     if target is not None:
         program = narrow_program(program, target)

@@ -22,12 +22,15 @@ from nvmath.bindings import cublas
 from nvmath.bindings import cublasLt as lt
 
 from knopt.cuda import nvrtc, tuning
+from knopt.cuda.intgemm import INT8_GEMM_TYPES, Int8GemmCall
+from knopt.cuda.lt import CANDIDATES, WORKSPACE_LIMIT
+from knopt.cuda.lt import call as _call
+from knopt.cuda.lt import set_attribute as _set
+from knopt.cuda.lt import set_desc as _desc
 from knopt.cuda.steps import Gemm, Operand
 from knopt.errors import CudaError
 from knopt.ir.dtype import DType
 
-WORKSPACE_LIMIT = 32 * 2**20  # NVIDIA's recommendation for Hopper
-CANDIDATES = 8  # heuristic candidates timed per GEMM shape
 SCRATCH_FILL = 0x3C  # bytes of timing operands: 1.06 in f16, 0.0115 in f32, finite in every type
 
 _TYPES = {
@@ -44,29 +47,6 @@ _EPILOGUES = {
     ("gelu_tanh", False): lt.Epilogue.GELU,
     ("gelu_tanh", True): lt.Epilogue.GELU_BIAS,
 }
-
-
-def _call(name: str, function: Any, *args: Any) -> Any:
-    try:
-        return function(*args)
-    except lt.cuBLASLtError as err:
-        raise CudaError(f"cublasLt.{name}", getattr(err, "status", None), str(err)) from err
-
-
-def _set(setter: Any, getter: Any, obj: int, attribute: Any, value: Any, name: str) -> None:
-    array = np.array([value], dtype=getter(attribute))
-    _call(name, setter, obj, attribute, array.ctypes.data, array.nbytes)
-
-
-def _desc(desc: int, attribute: Any, value: Any) -> None:
-    _set(
-        lt.matmul_desc_set_attribute,
-        lt.get_matmul_desc_attribute_dtype,
-        desc,
-        attribute,
-        value,
-        "matmul_desc_set_attribute",
-    )
 
 
 def _preference(preference: int, attribute: Any, value: int) -> None:
@@ -359,7 +339,7 @@ class Blas:
         self._plans: dict[GemmKey, GemmPlan] = {}
         self._cache: tuning.TuningCache | None = None
 
-    def plan(self, step: Gemm) -> BoundGemm:
+    def plan(self, step: Gemm) -> BoundGemm | Int8GemmCall:
         """The plan of `step`: fused if cuBLASLt takes its epilogue, else plain.
 
         Must be called outside any stream capture (it may time candidates).
@@ -367,6 +347,8 @@ class Blas:
         Raises:
             CudaError: If cuBLASLt has no algorithm even for the plain GEMM.
         """
+        if step.dtype in INT8_GEMM_TYPES:
+            return Int8GemmCall(self.handle, step)  # int8 products: knopt/cuda/intgemm.py
         fusing = (
             step.bias is not None
             or step.residual is not None

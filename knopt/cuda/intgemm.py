@@ -19,6 +19,7 @@ activation) is codegen/int8_epilogue.cu, launched by `knopt.cuda.int8_epilogue.I
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -26,8 +27,13 @@ from nvmath import CudaDataType
 from nvmath.bindings import cublas
 from nvmath.bindings import cublasLt as lt
 
-from knopt.cuda.blas import CANDIDATES, WORKSPACE_LIMIT, _call, _desc, _set
+from knopt.cuda.lt import CANDIDATES, WORKSPACE_LIMIT
+from knopt.cuda.lt import call as _call
+from knopt.cuda.lt import set_attribute as _set
+from knopt.cuda.lt import set_desc as _desc
+from knopt.cuda.steps import Gemm
 from knopt.errors import CodegenError, CudaError
+from knopt.ir.dtype import DType
 
 
 class GemmOutput(enum.Enum):
@@ -212,3 +218,50 @@ def supported_outputs(handle: int, m: int, n: int, k: int) -> list[GemmOutput]:
         plan.close()
         found.append(output)
     return found
+
+
+# A `Gemm` step of these types is an int8 GEMM (knopt/cuda/gen/quantized.py writes them): its
+# operands are int8 and its result the exact int32 accumulator.
+INT8_GEMM_TYPES = frozenset({DType.I8})
+
+
+class Int8GemmCall:
+    """A `Gemm` step of int8 operands as cuBLASLt's IMMA GEMM, the way `Blas.plan` returns plans.
+
+    The step's A is row-major `[M, K]` and its B the transpose of a row-major `[N, K]` (each
+    output channel a row): the "TN" form (see the module docstring); D is int32 `[M, N]`.
+
+    Attributes:
+        fused: False: the int8 GEMM fuses nothing; its epilogue is a kernel of its own.
+        workspace: Bytes of workspace the algorithm needs.
+
+    Raises:
+        CodegenError: If the step is not in that form.
+        CudaError: If cuBLASLt has no algorithm for it.
+    """
+
+    fused = False
+
+    def __init__(self, handle: int, step: Gemm) -> None:
+        a, b, d = step.a, step.b, step.d
+        m, k, n = a.rows, a.cols, b.cols
+        tn = a.col_stride == 1 and a.row_stride == k and b.row_stride == 1 and b.col_stride == k
+        if step.batch != 1 or not tn or d.row_stride != n or d.col_stride != 1:
+            raise CodegenError(
+                f"int8 GEMM {m}x{k}x{n}: needs dense row-major A, B stored as [N, K] and one "
+                "matrix (the planner makes them so)"
+            )
+        self.step = step
+        self.plan = IntGemmPlan(handle, m, n, k, GemmOutput.I32)
+        self.workspace = self.plan.workspace
+
+    def enqueue(self, addresses: Mapping[int, int], workspace: int, stream: int) -> None:
+        """Queue `D = A @ B` on `stream` (addresses by plan tensor id)."""
+        step = self.step
+        self.plan.enqueue(
+            addresses[step.a.tensor],
+            addresses[step.b.tensor],
+            addresses[step.d.tensor],
+            workspace,
+            stream,
+        )

@@ -9,6 +9,7 @@ as `(1 - mask) * float32.min`, which as -inf would turn the zeros of the mask in
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import ml_dtypes
 import numpy as np
@@ -16,7 +17,8 @@ import numpy as np
 from knopt.errors import KnoptError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
-from knopt.ir.op import TensorType
+from knopt.ir.kernel import KernelKind
+from knopt.ir.op import Binary, TensorType
 from knopt.ir.program import (
     BinaryE,
     CastE,
@@ -32,6 +34,7 @@ from knopt.ir.program import (
 )
 
 PRECISIONS = {"f32": None, "tf32": None, "fp16": DType.F16, "bf16": DType.BF16}
+logger = logging.getLogger("knopt")
 
 
 def narrow_dtype(precision: str) -> DType | None:
@@ -43,6 +46,53 @@ def narrow_dtype(precision: str) -> DType | None:
     if precision not in PRECISIONS:
         raise KnoptError(f"precision '{precision}' is unknown (use {', '.join(PRECISIONS)})")
     return PRECISIONS[precision]
+
+
+def _scales(expr: Expr | None) -> bool:
+    """Whether `expr` multiplies or divides anything (an int32 sum's dequantizing scale)."""
+    if isinstance(expr, BinaryE):
+        return expr.kind in (Binary.MUL, Binary.DIV) or _scales(expr.a) or _scales(expr.b)
+    if isinstance(expr, UnaryE | ClampE | CastE):
+        return _scales(expr.x)
+    if isinstance(expr, WhereE):
+        return any(_scales(e) for e in (expr.condition, expr.a, expr.b))
+    return False
+
+
+def unscaled_sums(program: Program) -> list[Kernel]:
+    """Integer products that write their int32 sum to an f32 tensor without scaling it.
+
+    Such a sum (up to 127 * 127 * K) passes float16's largest value, 65504, and loses digits
+    well before: narrowed, the tensor would hold infinities. It happens when extraction leaves
+    the dequantizing scale to a kernel of its own.
+    """
+    return [
+        k
+        for k in program.kernels
+        if KernelKind.of_name(k.kind) in _F32_EPILOGUES
+        and program.tensors[k.output].type.dtype is DType.F32
+        and not _scales(k.epilogue)
+    ]
+
+
+def effective_precision(program: Program, precision: str) -> str:
+    """`precision`, or "f32" where narrowing would lose an integer product's sum (logged).
+
+    Raises:
+        KnoptError: If `precision` is unknown.
+    """
+    if narrow_dtype(precision) is None or not (kernels := unscaled_sums(program)):
+        return precision
+    names = ", ".join(f"'{k.names[0] if k.names else k.output}'" for k in kernels[:3])
+    logger.warning(
+        "precision %s: %d integer product(s) (%s) write an unscaled int32 sum that %s cannot "
+        "hold; the program runs in f32",
+        precision,
+        len(kernels),
+        names,
+        precision,
+    )
+    return "f32"
 
 
 def _retype(dtype: DType, target: DType) -> DType:
@@ -82,6 +132,46 @@ def _expr(expr: Expr | None, target: DType) -> Expr | None:
     return expr
 
 
+# Kinds whose epilogue stays in f32: their accumulator is int32, and dequantized (before a
+# requantization scales it back) it can pass float16's largest value, 65504.
+_F32_EPILOGUES = frozenset({KernelKind.INT_MATMUL, KernelKind.INT_CONV})
+
+
+def _widened_loads(expr: Expr, wide: frozenset[int]) -> Expr:
+    """`expr` reading the inputs in `wide` (f32 tensors, now narrowed) back in f32."""
+    if isinstance(expr, Load):
+        return CastE(expr, DType.F32) if expr.index in wide else expr
+    if isinstance(expr, UnaryE):
+        return UnaryE(expr.kind, _widened_loads(expr.x, wide))
+    if isinstance(expr, BinaryE):
+        return BinaryE(expr.kind, _widened_loads(expr.a, wide), _widened_loads(expr.b, wide))
+    if isinstance(expr, ClampE):
+        return ClampE(_widened_loads(expr.x, wide), expr.lo, expr.hi)
+    if isinstance(expr, CastE):
+        return CastE(_widened_loads(expr.x, wide), expr.dtype)
+    if isinstance(expr, WhereE):
+        return WhereE(*(_widened_loads(e, wide) for e in (expr.condition, expr.a, expr.b)))
+    return expr
+
+
+def _f32_epilogue(program: Program, kernel: Kernel, target: DType) -> Expr | None:
+    """An integer product's epilogue computing in f32 between narrowed inputs and output."""
+    assert kernel.epilogue is not None
+    wide = frozenset(
+        i for i, t in enumerate(kernel.inputs) if program.tensors[t].type.dtype is DType.F32
+    )
+    expr = _widened_loads(kernel.epilogue, wide)
+    if program.tensors[kernel.output].type.dtype is DType.F32:
+        return CastE(expr, target)
+    return expr
+
+
+def _epilogue(program: Program, kernel: Kernel, target: DType) -> Expr | None:
+    if kernel.epilogue is not None and KernelKind.of_name(kernel.kind) in _F32_EPILOGUES:
+        return _f32_epilogue(program, kernel, target)
+    return _expr(kernel.epilogue, target)
+
+
 def _op(op: ops.Op | None, target: DType) -> ops.Op | None:
     if isinstance(op, ops.Cast | ops.Iota) and op.dtype is DType.F32:
         return dataclasses.replace(op, dtype=target)
@@ -115,7 +205,7 @@ def narrow_program(program: Program, target: DType) -> Program:
                 inputs=tuple(renamed.get(t, t) for t in kernel.inputs),
                 body=_expr(kernel.body, target),
                 prologue=_expr(kernel.prologue, target),
-                epilogue=_expr(kernel.epilogue, target),
+                epilogue=_epilogue(program, kernel, target),
             )
         )
     outputs = []

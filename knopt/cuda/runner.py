@@ -22,7 +22,7 @@ import numpy as np
 from knopt.cuda.driver import Gpu
 from knopt.cuda.executor import Executable, Runtime
 from knopt.cuda.planner import Plan, align, build_plan
-from knopt.cuda.precision import narrow_dtype, narrow_program
+from knopt.cuda.precision import effective_precision, narrow_dtype, narrow_program
 from knopt.cuda.resident import ResidentPlan, ResidentSlot
 from knopt.cuda.steps import kernel_launches
 from knopt.errors import InputError, KnoptError
@@ -45,6 +45,7 @@ class ProgramState:
     def __init__(
         self, program: Program, precision: str, gpu: Gpu, stats: Any, lift: bool = True
     ) -> None:
+        precision = effective_precision(program, precision)
         target = narrow_dtype(precision)
         self.stats = stats
         self.program = narrow_program(program, target) if target is not None else program

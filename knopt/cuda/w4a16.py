@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -49,6 +49,7 @@ from knopt.ir.dtype import DType
 if TYPE_CHECKING:
     from knopt.cuda.blas import Blas, BoundGemm
     from knopt.cuda.driver import Gpu
+    from knopt.cuda.steps import Gemm
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 GEMV_MAX_M = 8  # the mma's 8-column operand holds every row of A
@@ -143,6 +144,11 @@ class W4A16Operands:
     zeros: int = 0
     bias: int = 0
     workspace: int = 0
+
+
+def _float_gemm(blas: Blas, step: Gemm) -> BoundGemm:
+    """The cuBLASLt plan of a float GEMM (only int8 products plan as anything else)."""
+    return cast("BoundGemm", blas.plan(step))
 
 
 @dataclass(frozen=True)
@@ -279,40 +285,38 @@ class W4A16:
 
     def source(self) -> str:
         """The CUDA C++ of the module: its kernels (including w4a16.cuh)."""
+        configs: list[GemvConfig | GemmConfig | None] = [*self.gemv, *self.gemm, None]
+        return "\n".join(self.kernel_source(c) for c in configs)
+
+    def kernel_source(self, config: GemvConfig | GemmConfig | None) -> str:
+        """The CUDA C++ of one configuration's kernel (None: the dequantizer)."""
         t = _C_TYPES[self.dtype]
-        parts = [
-            render(
+        if isinstance(config, GemvConfig):
+            return render(
                 "w4a16_gemv.cu",
-                NAME=self.kernel_name(c),
+                NAME=self.kernel_name(config),
                 T=t,
                 BLOCK=self.block,
-                WARPS=c.warps,
-                DEPTH=c.depth,
-                SPLIT=c.split,
-                CLUSTER=_cluster(c.split),
-                MIN_BLOCKS=max(1, 16 // c.warps),  # 128 registers a thread at most
+                WARPS=config.warps,
+                DEPTH=config.depth,
+                SPLIT=config.split,
+                CLUSTER=_cluster(config.split),
+                MIN_BLOCKS=max(1, 16 // config.warps),  # 128 registers a thread at most
             )
-            for c in self.gemv
-        ]
-        parts += [
-            render(
+        if isinstance(config, GemmConfig):
+            return render(
                 "w4a16_gemm.cu",
-                NAME=self.kernel_name(c),
+                NAME=self.kernel_name(config),
                 T=t,
                 BLOCK=self.block,
-                WARPS=c.warps,
-                BM=c.bm,
-                DEPTH=c.depth,
-                SPLIT=c.split,
-                CLUSTER=_cluster(c.split),
-                MIN_BLOCKS=c.min_blocks,
+                WARPS=config.warps,
+                BM=config.bm,
+                DEPTH=config.depth,
+                SPLIT=config.split,
+                CLUSTER=_cluster(config.split),
+                MIN_BLOCKS=config.min_blocks,
             )
-            for c in self.gemm
-        ]
-        parts.append(
-            render("w4a16_dequantize.cu", NAME=self.kernel_name(None), T=t, BLOCK=self.block)
-        )
-        return "\n".join(parts)
+        return render("w4a16_dequantize.cu", NAME=self.kernel_name(None), T=t, BLOCK=self.block)
 
     def padded_k(self, k: int) -> int:
         """K rounded up to whole blocks: the length of a packed weight row, in codes."""
@@ -446,7 +450,7 @@ class W4A16:
                 precision=_PRECISION[self.dtype],
             )
             biased = replace(plain, bias=3)
-            slices.append(_Slice(first, width, blas.plan(plain), blas.plan(biased)))
+            slices.append(_Slice(first, width, _float_gemm(blas, plain), _float_gemm(blas, biased)))
         library = max(max(s.plain.workspace, s.biased.workspace) for s in slices)
         grid = (8 * sm_count, 1, 1)  # the most blocks of a slice; fewer when it is small
         return W4A16Plan(

@@ -277,6 +277,34 @@ class GraphBuilder:
         """N-d convolution (cross-correlation) without bias."""
         return self.apply(ops.Conv(tuple(strides), tuple(pads), tuple(dilations), groups), [x, w])
 
+    def int_matmul(self, a: Value, b: Value, a_zero: Value, b_zero: Value) -> Value:
+        """`(a - a_zero) @ (b - b_zero)` in int32 for 8-bit a and b (zero points broadcast)."""
+        a_zero, b_zero = self.broadcast(a_zero, a.shape), self.broadcast(b_zero, b.shape)
+        return self.apply(ops.IntMatMul(), [a, b, a_zero, b_zero])
+
+    def int_conv(
+        self,
+        x: Value,
+        w: Value,
+        x_zero: Value,
+        w_zero: Value,
+        *,
+        strides: Sequence[int],
+        pads: Pads,
+        dilations: Sequence[int],
+        groups: int = 1,
+    ) -> Value:
+        """Conv of `x - x_zero` with `w - w_zero` in int32 (zero points broadcast)."""
+        op = ops.IntConv(tuple(strides), tuple(pads), tuple(dilations), groups)
+        x_zero, w_zero = self.broadcast(x_zero, x.shape), self.broadcast(w_zero, w.shape)
+        return self.apply(op, [x, w, x_zero, w_zero])
+
+    def int4_matmul(
+        self, a: Value, packed: Value, scales: Value, zeros: Value, *, block: int
+    ) -> Value:
+        """`a @ W^T` for a 4-bit weight W in MatMulNBits' packed layout (see `ops.Int4MatMul`)."""
+        return self.apply(ops.Int4MatMul(block), [a, packed, scales, zeros])
+
     def pool(
         self,
         kind: PoolKind,

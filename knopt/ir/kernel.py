@@ -48,6 +48,9 @@ class KernelKind(enum.StrEnum):
     RMS_NORM = "rms_norm", "KRmsNorm", ops.RmsNorm, True
     MATMUL = "matmul", "KMatMul", ops.MatMul, False
     CONV = "conv", "KConv", ops.Conv, False
+    INT_MATMUL = "int_matmul", "KIntMatMul", ops.IntMatMul, False
+    INT_CONV = "int_conv", "KIntConv", ops.IntConv, False
+    INT4_MATMUL = "int4_matmul", "KInt4MatMul", ops.Int4MatMul, False
 
     @classmethod
     def of_name(cls, name: str) -> KernelKind | None:

@@ -673,19 +673,23 @@ class MatMul(Op):
     def infer(self, inputs: Sequence[TensorType], where: str) -> TensorType:
         a, b = inputs
         dtype = _same_dtype(inputs, where)
-        if a.rank < 2 or a.rank != b.rank or a.shape[:-2] != b.shape[:-2]:
-            raise _fail(
-                where,
-                f"matmul needs equal batch dims and rank >= 2, got {format_shape(a.shape)} "
-                f"@ {format_shape(b.shape)}",
-            )
-        if a.shape[-1] != b.shape[-2]:
-            raise _fail(
-                where,
-                f"matmul inner dimensions differ: {format_shape(a.shape)} "
-                f"@ {format_shape(b.shape)}",
-            )
-        return TensorType(a.shape[:-1] + b.shape[-1:], dtype)
+        return TensorType(_matmul_shape(a, b, where), dtype)
+
+
+def _matmul_shape(a: TensorType, b: TensorType, where: str) -> Shape:
+    """The shape of `a @ b` (equal batch dimensions), checking that they fit."""
+    if a.rank < 2 or a.rank != b.rank or a.shape[:-2] != b.shape[:-2]:
+        raise _fail(
+            where,
+            f"matmul needs equal batch dims and rank >= 2, got {format_shape(a.shape)} "
+            f"@ {format_shape(b.shape)}",
+        )
+    if a.shape[-1] != b.shape[-2]:
+        raise _fail(
+            where,
+            f"matmul inner dimensions differ: {format_shape(a.shape)} @ {format_shape(b.shape)}",
+        )
+    return a.shape[:-1] + b.shape[-1:]
 
 
 def _window_size(
@@ -727,30 +731,29 @@ class Conv(Op):
     def infer(self, inputs: Sequence[TensorType], where: str) -> TensorType:
         x, w = inputs
         dtype = _same_dtype(inputs, where)
-        spatial = x.rank - 2
-        if spatial < 1 or w.rank != x.rank:
-            raise _fail(where, f"conv needs x and w of equal rank >= 3, got {x} and {w}")
-        if not len(self.strides) == len(self.pads) == len(self.dilations) == spatial:
-            raise _fail(where, "conv strides, pads and dilations must have one entry per axis")
-        if x.shape[1] != w.shape[1] * self.groups or not _divides(self.groups, w.shape[0]):
-            raise _fail(where, f"conv channels do not fit: x {x}, w {w}, groups {self.groups}")
-        dims = []
-        for i in range(spatial):
-            k = w.shape[2 + i]
-            if not isinstance(k, int):
-                raise _fail(where, "conv kernel sizes must be static")
-            dims.append(
-                _window_size(
-                    x.shape[2 + i],
-                    k,
-                    self.strides[i],
-                    self.pads[i],
-                    self.dilations[i],
-                    False,
-                    where,
-                )
+        return TensorType(_conv_shape(self, x, w, where), dtype)
+
+
+def _conv_shape(op: Conv | IntConv, x: TensorType, w: TensorType, where: str) -> Shape:
+    """The result shape of a convolution of `x` with `w`, checking that they fit."""
+    spatial = x.rank - 2
+    if spatial < 1 or w.rank != x.rank:
+        raise _fail(where, f"conv needs x and w of equal rank >= 3, got {x} and {w}")
+    if not len(op.strides) == len(op.pads) == len(op.dilations) == spatial:
+        raise _fail(where, "conv strides, pads and dilations must have one entry per axis")
+    if x.shape[1] != w.shape[1] * op.groups or not _divides(op.groups, w.shape[0]):
+        raise _fail(where, f"conv channels do not fit: x {x}, w {w}, groups {op.groups}")
+    dims = []
+    for i in range(spatial):
+        k = w.shape[2 + i]
+        if not isinstance(k, int):
+            raise _fail(where, "conv kernel sizes must be static")
+        dims.append(
+            _window_size(
+                x.shape[2 + i], k, op.strides[i], op.pads[i], op.dilations[i], False, where
             )
-        return TensorType((x.shape[0], w.shape[0], *dims), dtype)
+        )
+    return (x.shape[0], w.shape[0], *dims)
 
 
 def _divides(a: int, b: Dim) -> bool:
@@ -881,6 +884,104 @@ class Attention(Op):
         return TensorType((*lead, s, v.shape[-1]), dtype)
 
 
+# ---- quantized arithmetic ----------------------------------------------------------------
+# Integer products of 8-bit operands, exact in int32, and float products with 4-bit weights.
+# The float scales of a quantized model stay outside these ops, as elementwise ops that
+# extraction fuses into the kernel's epilogue (rules/quantize.egg).
+
+EIGHT_BIT = frozenset({DType.I8, DType.U8})
+
+
+def _zero_point(value: TensorType, zero: TensorType, what: str, where: str) -> None:
+    """Check that an 8-bit operand and its zero point fit: same type, same shape."""
+    if value.dtype not in EIGHT_BIT:
+        raise _fail(where, f"{what} must be int8 or uint8, got {value.dtype.short}")
+    if zero.dtype is not value.dtype or zero.shape != value.shape:
+        raise _fail(
+            where, f"the zero point of {what} must be {value} (its type and shape), got {zero}"
+        )
+
+
+@dataclass(frozen=True)
+class IntMatMul(Op):
+    """`(a - a_zero) @ (b - b_zero)` in int32, for int8 or uint8 `a [..., m, k]`, `b [..., k, n]`.
+
+    Each zero point has its operand's type and shape (a per-tensor or per-channel zero point is
+    a broadcast, which costs nothing). Products accumulate exactly in int32 (they cannot
+    overflow below k = 2^15), as ONNX MatMulInteger and onnxruntime's kernels compute.
+    """
+
+    arity: ClassVar[int | None] = 4
+
+    def infer(self, inputs: Sequence[TensorType], where: str) -> TensorType:
+        a, b, a_zero, b_zero = inputs
+        _zero_point(a, a_zero, "the left operand", where)
+        _zero_point(b, b_zero, "the right operand", where)
+        return TensorType(_matmul_shape(a, b, where), DType.I32)
+
+
+@dataclass(frozen=True)
+class IntConv(Op):
+    """Conv (as `Conv`) of `x - x_zero` with `w - w_zero` in int32, for int8 or uint8 x and w.
+
+    Padding holds the zero point, so padded taps add nothing (ONNX ConvInteger); the zero
+    points have their operand's type and shape.
+    """
+
+    arity: ClassVar[int | None] = 4
+    strides: tuple[int, ...]
+    pads: tuple[tuple[int, int], ...]
+    dilations: tuple[int, ...]
+    groups: int = 1
+
+    def infer(self, inputs: Sequence[TensorType], where: str) -> TensorType:
+        x, w, x_zero, w_zero = inputs
+        _zero_point(x, x_zero, "the input", where)
+        _zero_point(w, w_zero, "the weight", where)
+        return TensorType(_conv_shape(self, x, w, where), DType.I32)
+
+
+INT4_BLOCKS = (16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class Int4MatMul(Op):
+    """`a @ W^T` with a 4-bit weight `W [n, k]` packed as onnxruntime's MatMulNBits stores it.
+
+    Inputs: `a [..., m, k]` (a float type), `packed` uint8 `[n, blocks, block / 2]` (codes of
+    k along each row, two a byte, low nibble first, k padded to `blocks * block`), `scales
+    [n, blocks]` of a's type and `zeros` uint8 `[n, ceil(blocks / 2)]` (4-bit zero points
+    packed the same way). `W[j, i] = (code - zero) * scale` of i's block, computed in a's type
+    (codes and zero points are exact there), then the product in a's type.
+    """
+
+    arity: ClassVar[int | None] = 4
+    block: int
+
+    def infer(self, inputs: Sequence[TensorType], where: str) -> TensorType:
+        a, packed, scales, zeros = inputs
+        if self.block not in INT4_BLOCKS:
+            raise _fail(where, f"int4 block size {self.block} is not one of {INT4_BLOCKS}")
+        if not a.dtype.is_float or a.rank < 2 or scales.dtype is not a.dtype:
+            raise _fail(
+                where,
+                f"int4 matmul needs float a of rank >= 2 and scales of its type, got {a}, {scales}",
+            )
+        k = a.shape[-1]
+        if not isinstance(k, int) or packed.dtype is not DType.U8 or zeros.dtype is not DType.U8:
+            raise _fail(where, "int4 matmul needs a static k and uint8 packed codes and zeros")
+        n = packed.shape[0]
+        blocks = -(-k // self.block)
+        expected = ((n, blocks, self.block // 2), (n, blocks), (n, -(-blocks // 2)))
+        if (packed.shape, scales.shape, zeros.shape) != expected:
+            raise _fail(
+                where,
+                f"int4 matmul over k={k} in blocks of {self.block} needs packed, scales and "
+                f"zeros of shapes {[list(e) for e in expected]}, got {packed}, {scales}, {zeros}",
+            )
+        return TensorType((*a.shape[:-1], n), a.dtype)
+
+
 OP_CLASSES: tuple[type[Op], ...] = (
     Input,
     Constant,
@@ -911,6 +1012,9 @@ OP_CLASSES: tuple[type[Op], ...] = (
     LayerNorm,
     RmsNorm,
     Attention,
+    IntMatMul,
+    IntConv,
+    Int4MatMul,
 )
 
 # ---- op groups ---------------------------------------------------------------------------

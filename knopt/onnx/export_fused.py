@@ -15,7 +15,9 @@ computed twice; the nodes it absorbs were written already and are dropped as unr
 - a sum times 1/N (or over N): ReduceMean, or GlobalAveragePool over every spatial axis;
   `x - max - log(sum(exp(x - max)))`: LogSoftmax.
 - the importer's rounding, shifting and saturating to 8 bits: QuantizeLinear; an 8-bit value
-  minus its zero point times a scale: DequantizeLinear (per tensor).
+  minus its zero point times a scale: DequantizeLinear (per tensor); the optimizer's fake
+  quantization (rounding saturated to an 8-bit range less the zero point, in float, times a
+  scale): QuantizeLinear and DequantizeLinear.
 - Slices that tile an axis: one Split; Gathers that repeat elements along two or more spatial
   axes (nearest upsampling): one Resize.
 """
@@ -316,7 +318,8 @@ def _unary_of(value: Value, kind: Unary) -> Value | None:
 def _quantize_linear(w: Writer, node: Node) -> Rep | None:
     """Rounding `x / scale` plus a zero point, saturated to 8 bits: QuantizeLinear.
 
-    The importer's spelling (NaN mapped to the lowest value, through int32), exactly: what the
+    The importer's spelling (NaN mapped to the lowest value, through int32 or, as
+    rules/quantize.egg leaves it before an integer product, not), exactly: what the
     optimizer made of the division is kept, since `x / scale` and `x * (1 / scale)` round
     differently at ties.
     """
@@ -324,9 +327,9 @@ def _quantize_linear(w: Writer, node: Node) -> Rep | None:
     if not isinstance(op, ops.Cast) or op.dtype not in _QUANTIZED:
         return None
     (wide,) = node.inputs
-    if not isinstance(wide.producer.op, ops.Cast) or wide.producer.op.dtype is not DType.I32:
-        return None
-    select = wide.producer.inputs[0].producer
+    if isinstance(wide.producer.op, ops.Cast) and wide.producer.op.dtype is DType.I32:
+        wide = wide.producer.inputs[0]  # the importer's spelling goes through int32
+    select = wide.producer
     if (
         not isinstance(select.op, ops.Where)
         or select.inputs[2] is not select.inputs[0].producer.inputs[0]
@@ -354,6 +357,42 @@ def _quantize_linear(w: Writer, node: Node) -> Rep | None:
         x, scale = scaled.producer.inputs[0], found
     args = [w.exact(x), w.em.scalar(scale, DType.F32), w.em.scalar(zero, op.dtype)]
     return w.output(node, w.em.op("QuantizeLinear", args))
+
+
+def _fake_quantized(w: Writer, node: Node) -> Rep | None:
+    """`clamp(round(x), lo, hi) * scale` with NaN taken to lo, over 256 levels: Q then DQ.
+
+    rules/quantize.egg shortens a quantization that is dequantized at once to this float
+    spelling of `q - zero`: the bounds are the 8-bit type's less the zero point, so `lo` gives
+    the zero point (of int8 or uint8, whichever is smaller). Exact: QuantizeLinear rounds
+    `x / 1` half to even as ROUND does, saturates to [lo + zero, hi + zero] and takes NaN to the
+    lowest code as the Where does; DequantizeLinear subtracts the zero point again and scales.
+    """
+    if not is_binary(node, Binary.MUL):
+        return None
+    for bounded, factor in operand_pairs(node):
+        scale = splat(w, factor)
+        clamp = bounded.producer.op
+        if not scale or not isinstance(clamp, ops.Clamp) or clamp.hi - clamp.lo != 255.0:
+            continue
+        select = bounded.producer.inputs[0].producer
+        if not isinstance(select.op, ops.Where) or splat(w, select.inputs[1]) != clamp.lo:
+            continue
+        rounded = select.inputs[2]
+        if _unary_of(select.inputs[0], Unary.IS_NAN) is not rounded:
+            continue
+        x = _unary_of(rounded, Unary.ROUND)
+        # Either type spells the range; the smaller zero point is the exporter's usual choice.
+        dtype = min(_QUANTIZED, key=lambda t: abs(_QUANTIZED[t][0] - clamp.lo))
+        zero = _QUANTIZED[dtype][0] - clamp.lo
+        lo, hi = _QUANTIZED[dtype]
+        if x is None or x.dtype is not DType.F32 or zero != round(zero) or not lo <= zero <= hi:
+            continue
+        zero_point = w.em.scalar(zero, dtype)
+        q = w.em.op("QuantizeLinear", [w.exact(x), w.em.scalar(1.0, DType.F32), zero_point])
+        args = [q, w.em.scalar(scale, DType.F32), zero_point]
+        return w.output(node, w.em.op("DequantizeLinear", args))
+    return None
 
 
 def _dequantize_linear(w: Writer, node: Node) -> Rep | None:
@@ -478,6 +517,7 @@ def _nearest_upsampling(w: Writer, node: Node) -> Rep | None:
 STANDARD: Patterns = {
     ops.BinaryOp: [
         _dequantize_linear,
+        _fake_quantized,
         _layer_norm,
         _rms_norm,
         _conv_bias,

@@ -1,5 +1,9 @@
 """Dynamically quantized products written as DynamicQuantizeLinear and MatMulInteger.
 
+The integer products of rules/quantize.egg (IntMatMul, IntConv) with per-tensor zero points
+(constant or computed) are MatMulInteger and ConvInteger; with others, knopt/onnx/export_ops.py
+writes their centered int32 product.
+
 The importer writes DynamicQuantizeLinear out as the ONNX formula (reductions, a scale, a
 zero point, rounding) and MatMulInteger as an int32 product of operands less their zero
 points; a model quantized with onnxruntime's `quantize_dynamic` has one of each per linear
@@ -21,6 +25,7 @@ from knopt.ir.dtype import DType
 from knopt.ir.graph import Node, Value
 from knopt.ir.op import Binary, Reduction, Unary
 from knopt.onnx.export_fused import Patterns, is_binary
+from knopt.onnx.export_ops import conv_attributes
 from knopt.onnx.writer import Rep, Writer
 
 _LEVELS = 255.0  # DynamicQuantizeLinear quantizes to uint8
@@ -159,6 +164,7 @@ def _integer_operand(w: Writer, value: Value) -> tuple[str, str] | None:
     zero_narrow = _narrowed(_source(zero))
     if narrow is None or zero_narrow is None or zero_narrow.dtype is not narrow.dtype:
         return None
+    zero_narrow = _source(zero_narrow)  # a scalar, perhaps viewed as [1, 1] before widening
     if zero_narrow.shape != ():
         return None
     return w.exact(narrow), w.name(zero_narrow)
@@ -189,7 +195,55 @@ def _matmul_integer(w: Writer, node: Node) -> Rep | None:
     return w.output(node, name)
 
 
+def _scalar(w: Writer, value: Value) -> str | None:
+    """A 0-d ONNX value of `value` when it holds one number everywhere (a per-tensor zero)."""
+    rep = w.rep(value)
+    if rep.array is not None:
+        flat = rep.array.reshape(-1)
+        if flat.size == 0 or not bool(np.all(flat == flat[0])):
+            return None
+        return w.em.constant(np.asarray(flat[0]))
+    if any(d != 1 for d in rep.shape):
+        return None
+    name = w.rep_name(rep)
+    return name if rep.shape == () else w.em.op("Reshape", [name, w.em.ints([])])
+
+
+def _operand(w: Writer, value: Value) -> str:
+    """`value` as a product's operand: its rep where that broadcasts as a product does."""
+    rep = w.rep(value)
+    if len(rep.shape) >= 2 and rep.shape[-2:] == value.shape[-2:]:
+        return w.rep_name(rep)
+    return w.exact(value)
+
+
+def _int_matmul_integer(w: Writer, node: Node) -> Rep | None:
+    """IntMatMul with per-tensor zero points: MatMulInteger."""
+    a, b, a_zero, b_zero = node.inputs
+    zeros = [_scalar(w, z) for z in (a_zero, b_zero)]
+    if zeros[0] is None or zeros[1] is None:
+        return None
+    args = [_operand(w, a), _operand(w, b), zeros[0], zeros[1]]
+    return w.output(node, w.em.op("MatMulInteger", args))
+
+
+def _conv_integer(w: Writer, node: Node) -> Rep | None:
+    """IntConv with per-tensor zero points: ConvInteger (onnxruntime takes no other)."""
+    op = node.op
+    assert isinstance(op, ops.IntConv)
+    x, weight, x_zero, w_zero = node.inputs
+    zeros = [_scalar(w, z) for z in (x_zero, w_zero)]
+    if zeros[0] is None or zeros[1] is None:
+        return None
+    as_conv = ops.Conv(op.strides, op.pads, op.dilations, op.groups)
+    args = [w.exact(x), w.exact(weight), zeros[0], zeros[1]]
+    attributes = conv_attributes(as_conv)
+    return w.output(node, w.em.op("ConvInteger", args, **attributes))
+
+
 INTEGER_PATTERNS: Patterns = {
     ops.BinaryOp: [_dynamic_quantize],
     ops.MatMul: [_matmul_integer],
+    ops.IntMatMul: [_int_matmul_integer],
+    ops.IntConv: [_conv_integer],
 }

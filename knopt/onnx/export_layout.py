@@ -257,4 +257,7 @@ HANDLERS: dict[type[ops.Op], Handler] = {
     ops.LayerNorm: _exact_inputs,
     ops.RmsNorm: _exact_inputs,
     ops.Attention: _exact_inputs,
+    ops.IntMatMul: _exact_inputs,
+    ops.IntConv: _exact_inputs,
+    ops.Int4MatMul: _exact_inputs,
 }

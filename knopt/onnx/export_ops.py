@@ -350,6 +350,57 @@ def _attention(em: Emitter, op: ops.Attention, node: Node, args: list[str]) -> s
     return em.op("MatMul", [weights, v])
 
 
+def _centered(em: Emitter, value: str, zero: str) -> str:
+    """`value - zero` of 8-bit tensors, in int32."""
+    int32 = int(DType.I32)
+    return em.op("Sub", [em.op("Cast", [value], to=int32), em.op("Cast", [zero], to=int32)])
+
+
+# The products of IntMatMul and IntConv run in int32 over centered operands, which is what
+# they mean whatever the shape of their zero points (with per-tensor ones they are
+# MatMulInteger and ConvInteger instead: knopt/onnx/export_integer.py).
+def _int_matmul(em: Emitter, op: ops.IntMatMul, node: Node, args: list[str]) -> str:
+    a, b, a_zero, b_zero = args
+    return em.op("MatMul", [_centered(em, a, a_zero), _centered(em, b, b_zero)])
+
+
+def _int_conv(em: Emitter, op: ops.IntConv, node: Node, args: list[str]) -> str:
+    x, w, x_zero, w_zero = args
+    as_conv = ops.Conv(op.strides, op.pads, op.dilations, op.groups)
+    centered = [_centered(em, x, x_zero), _centered(em, w, w_zero)]
+    return _integer_conv(em, as_conv, node, centered)
+
+
+def _unpacked_int4(em: Emitter, packed: str, rows: int, count: int, dtype: DType) -> str:
+    """The 4-bit codes of uint8 `packed` (rows of bytes), `[rows, count]` in `dtype`."""
+    wide = em.op("Cast", [packed], to=int(DType.I32))
+    sixteen = em.scalar(16, DType.I32)
+    low = em.op("Unsqueeze", [em.op("Mod", [wide, sixteen]), em.ints([-1])])
+    high = em.op("Unsqueeze", [em.op("Div", [wide, sixteen]), em.ints([-1])])
+    codes = em.op("Reshape", [em.op("Concat", [low, high], axis=-1), em.ints([rows, -1])])
+    codes = em.op("Slice", [codes, em.ints([0]), em.ints([count]), em.ints([1]), em.ints([1])])
+    return em.op("Cast", [codes], to=int(dtype))
+
+
+def _int4_matmul(em: Emitter, op: ops.Int4MatMul, node: Node, args: list[str]) -> str:
+    a, packed, scales, zeros = args
+    n, blocks, _ = node.inputs[1].shape
+    k = node.inputs[0].shape[-1]
+    assert isinstance(n, int) and isinstance(blocks, int) and isinstance(k, int)
+    dtype = node.output.dtype
+    codes = em.op(
+        "Reshape",
+        [_unpacked_int4(em, packed, n, blocks * op.block, dtype), em.ints([n, blocks, op.block])],
+    )
+    zero = em.op("Reshape", [_unpacked_int4(em, zeros, n, blocks, dtype), em.ints([n, blocks, 1])])
+    scale = em.op("Reshape", [scales, em.ints([n, blocks, 1])])
+    weight = em.op(
+        "Reshape", [em.op("Mul", [em.op("Sub", [codes, zero]), scale]), em.ints([n, -1])]
+    )
+    weight = em.op("Slice", [weight, em.ints([0]), em.ints([k]), em.ints([1]), em.ints([1])])
+    return em.op("MatMul", [a, em.op("Transpose", [weight], perm=[1, 0])])
+
+
 EXPORTERS: dict[type[ops.Op], OpExporter] = {
     ops.Input: _input,
     ops.Constant: _constant,
@@ -380,4 +431,7 @@ EXPORTERS: dict[type[ops.Op], OpExporter] = {
     ops.LayerNorm: _layer_norm,
     ops.RmsNorm: _rms_norm,
     ops.Attention: _attention,
+    ops.IntMatMul: _int_matmul,
+    ops.IntConv: _int_conv,
+    ops.Int4MatMul: _int4_matmul,
 }

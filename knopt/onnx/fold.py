@@ -24,9 +24,12 @@ from knopt.onnx.context import (
     find_importer,
 )
 
-# Ops never evaluated at import time: random ones have no value to know.
+# Ops never evaluated at import time: random ones have no value to know, and dequantized
+# weights stay integer codes and scales, for the optimizer's integer products
+# (rules/quantize.egg); rules/fold.egg folds them where the float form is chosen.
 _NEVER_FOLD = frozenset(
     {
+        "DequantizeLinear",
         "RandomNormal",
         "RandomUniform",
         "RandomNormalLike",

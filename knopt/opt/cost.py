@@ -30,7 +30,8 @@ class DeviceProfile:
 
     Attributes:
         bandwidth: Bytes per second read plus written.
-        peak: FLOP/s by element kind ("f32", "f16", "f64", "int").
+        peak: FLOP/s by element kind ("f32", "f16", "f64", "int"), and optionally "i8": the
+            rate of 8-bit integer matrix products (tensor cores; "int" where absent).
         launch: Fixed seconds per kernel.
     """
 
@@ -51,6 +52,10 @@ class DeviceProfile:
             return self.peak["f32"]
         return self.peak["int"]
 
+    def int8_product_rate(self) -> float:
+        """Peak rate of 8-bit integer matrix products with int32 accumulation."""
+        return self.peak.get("i8", self.peak["int"])
+
     def to_json(self) -> dict[str, Any]:
         """The profile as a JSON object (what `knopt calibrate` writes)."""
         return {
@@ -64,6 +69,7 @@ class DeviceProfile:
 
 
 _PEAK_KINDS = ("f32", "f16", "f64", "int")
+_OPTIONAL_PEAK_KINDS = ("i8",)
 
 
 def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
@@ -83,8 +89,13 @@ def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
     if not isinstance(data, dict):
         raise KnoptError(f"{where}: expected a JSON object; write one with `knopt calibrate`")
     peak = data.get("peak")
-    if not isinstance(peak, dict) or set(peak) != set(_PEAK_KINDS):
-        raise KnoptError(f"{where}: 'peak' must give FLOP/s for each of {', '.join(_PEAK_KINDS)}")
+    if not isinstance(peak, dict) or not set(_PEAK_KINDS) <= set(peak) <= set(
+        _PEAK_KINDS + _OPTIONAL_PEAK_KINDS
+    ):
+        raise KnoptError(
+            f"{where}: 'peak' must give FLOP/s for each of {', '.join(_PEAK_KINDS)} "
+            f"(and may for {', '.join(_OPTIONAL_PEAK_KINDS)})"
+        )
     rates = {"bandwidth": data.get("bandwidth"), "launch": data.get("launch")}
     rates.update({f"peak.{k}": v for k, v in peak.items()})
     for key, value in rates.items():
@@ -101,7 +112,7 @@ def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
     return DeviceProfile(
         name,
         bandwidth=float(data["bandwidth"]),
-        peak={k: float(peak[k]) for k in _PEAK_KINDS},
+        peak={k: float(v) for k, v in peak.items()},
         launch=float(data["launch"]),
         symbol_size=symbol_size,
         per_op_launch=bool(data.get("per_op_launch", False)),
@@ -131,16 +142,18 @@ def find_profile(profile: str | os.PathLike[str] | DeviceProfile) -> DeviceProfi
 CPU = DeviceProfile(
     "cpu",
     bandwidth=8e9,
-    peak={"f32": 60e9, "f16": 5e9, "f64": 30e9, "int": 20e9},
+    # 8-bit products run as float64 BLAS (exact): knopt/cpu/kernels.py.
+    peak={"f32": 60e9, "f16": 5e9, "f64": 30e9, "int": 20e9, "i8": 30e9},
     launch=6e-6,
     per_op_launch=True,
 )
 # H200: HBM3e copy bandwidth 4.2 TB/s, f32 (no TF32) 51 TFLOP/s, f16 tensor cores 760 TFLOP/s,
-# a kernel launch about 4 us from Python (under 1 us inside a CUDA graph).
+# int8 tensor cores twice that (1,979 dense TOPS on paper, as f16's 989 is 760 measured), a
+# kernel launch about 4 us from Python (under 1 us inside a CUDA graph).
 H200 = DeviceProfile(
     "h200",
     bandwidth=4.2e12,
-    peak={"f32": 51e12, "f16": 760e12, "f64": 60e12, "int": 30e12},
+    peak={"f32": 51e12, "f16": 760e12, "f64": 60e12, "int": 30e12, "i8": 1520e12},
     launch=4e-6,
 )
 H200_GRAPH = DeviceProfile("h200-graph", H200.bandwidth, H200.peak, launch=0.8e-6)
@@ -244,7 +257,10 @@ class CostModel:
         moved = out * self.dtype(cls).itemsize + sum(self.bytes(c) for c in set(children))
         ops, body_flops = self._bodies(node)
         flops = self.flops(cls, node, out) + body_flops * self._body_elements(cls, node, out)
-        rate = self.profile.flops_per_second(self.dtype(children[0]) if children else DType.F32)
+        if node.op in _INT8_PRODUCTS:
+            rate = self.profile.int8_product_rate()
+        else:
+            rate = self.profile.flops_per_second(self.dtype(children[0]) if children else DType.F32)
         launches = 1 + ops if self.profile.per_op_launch else 1
         roofline = max(moved / self.profile.bandwidth, flops / rate)
         # A thousandth of the arithmetic breaks ties between equally bandwidth-bound forms:
@@ -350,6 +366,13 @@ def _attention(model: CostModel, node: ENode, out: int) -> float:
     return 2.0 * rows * keys * (q[-1] + v[-1]) + 8.0 * rows * keys
 
 
+def _int4_matmul(model: CostModel, node: ENode, out: int) -> float:
+    # The product, and the dequantization of every weight element (subtract, multiply).
+    k = model.shape(node.args[0].id)[-1]
+    n = model.shape(node.args[1].id)[0]
+    return 2.0 * out * k + 2.0 * n * k
+
+
 def _elementwise_kernel(model: CostModel, node: ENode, out: int) -> float:
     return 0.0  # all of it is in the body, which `node_cost` counts
 
@@ -380,6 +403,9 @@ _OP_FLOPS: dict[type[ops.Op], FlopCount] = {
     ops.LayerNorm: _rowwise,
     ops.RmsNorm: _rowwise,
     ops.Attention: _attention,
+    ops.IntMatMul: _matmul,
+    ops.IntConv: _conv,
+    ops.Int4MatMul: _int4_matmul,
 }
 
 
@@ -402,3 +428,7 @@ FLOPS: dict[str, FlopCount] = {
     **{cls.__name__: count for cls, count in _OP_FLOPS.items()},
     **{kind.constructor: _kernel_flops(kind) for kind in KernelKind},
 }
+# Products of 8-bit integers priced at the device's integer matrix rate: the GEMM, which the
+# GPU runs on its int8 tensor cores. IntConv has the plain integer rate: the GPU runs it as a
+# direct kernel (knopt/cuda/gen/quantized.py), so a large one stays a float convolution.
+_INT8_PRODUCTS = frozenset({"IntMatMul", KernelKind.INT_MATMUL.constructor})

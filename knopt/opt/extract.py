@@ -8,10 +8,12 @@ however many readers it has (DAG cost). Three steps:
    chosen and whose cost is least when a shared child's cost is split among its readers.
 2. **Local search** with exact costs: reference counts track which classes the program needs,
    and moves are (a) switching one class to another node, (b) having every reader of a shared
-   class stop reading it (inlining a cheap intermediate). A move that would make a cycle is
-   refused: a topological numbering of the current choice answers most checks at once, a
-   bounded search the rest. The original program is a second starting point, so the result is
-   never estimated worse than the input.
+   class stop reading it (inlining a cheap intermediate), (c) the converse, having every
+   needed class that could read a class outside the program read it, which then takes its
+   best node (a merged op, which pays only once all its parts read it). A move that would make
+   a cycle is refused: a topological numbering of the current choice answers most checks at
+   once, a bounded search the rest. The original program is a second starting point, so the
+   result is never estimated worse than the input.
 3. **ILP** (HiGHS through highspy, knopt/opt/ilp.py) when the e-graph is small enough, with
    explicit acyclicity constraints, warm-started from step 2 and time-limited.
 
@@ -56,12 +58,16 @@ class _Problem:
         self.nodes: dict[int, list[ENode]] = {}
         self.costs: dict[int, list[float]] = {}
         self.kids: dict[int, list[tuple[int, ...]]] = {}
+        self.readers: dict[int, set[int]] = {}  # class -> classes with a node that reads it
         for cls, nodes in data.classes.items():
             kept = [n for n in nodes if all(k in data.classes for k in children(n))]
             kept = [n for n in kept if cls not in children(n)]
             self.nodes[cls] = kept
             self.costs[cls] = [cost(cls, n) for n in kept]
             self.kids[cls] = [tuple(dict.fromkeys(children(n))) for n in kept]
+            for kids in self.kids[cls]:
+                for kid in kids:
+                    self.readers.setdefault(kid, set()).add(cls)
 
     def bottom_up(self) -> list[int]:
         """Classes in order of their shallowest node's depth (unreachable ones left out)."""
@@ -269,7 +275,7 @@ def _local_search(solution: _Solution, deadline: float) -> int:
                     improved, accepted = True, accepted + 1
                 else:
                     solution.undo(mark, before)
-        moved = _inline_shared(solution)
+        moved = _inline_shared(solution) + _gather_shared(solution)
         accepted += moved
         improved = improved or moved > 0
     return accepted
@@ -318,6 +324,80 @@ def _inline_shared(solution: _Solution) -> int:
             solution.undo(mark, before)
             solution.position = numbering
     return accepted
+
+
+def _gather_shared(solution: _Solution) -> int:
+    """Try, for each class outside the program, having all needed classes that could read it do.
+
+    The converse of `_inline_shared`. A merged op (rules/merge.egg) computes several needed
+    classes at once and pays only once all of them read it: moving one reader at a time never
+    helps, so no single switch finds it. The class read then takes its best node: the greedy
+    pass chose one for it while it was outside the program, by estimates (which is why even a
+    single reader is worth moving: a switch alone keeps that estimated choice).
+    """
+    p = solution.p
+    accepted = 0
+    for shared, readers in p.readers.items():
+        if solution.refs.get(shared, 0) > 0:
+            continue
+        users = [c for c in readers if solution.refs.get(c, 0) > 0]
+        if not users:
+            continue
+        mark, before = solution.mark(), solution.total
+        numbering = solution.position  # see _inline_shared: one renumbering a move
+        stale = False
+        for user in users:
+            best, best_delta = None, float("inf")
+            for i, kids in enumerate(p.kids[user]):
+                if shared not in kids or i == solution.choice[user]:
+                    continue
+                inner, total = solution.mark(), solution.total
+                delta = _try(solution, user, i)
+                solution.undo(inner, total)
+                if delta is not None and delta < best_delta:
+                    best, best_delta = i, delta
+            if best is not None:
+                solution.switch(user, best)
+                stale = stale or solution.is_stale(user, best)
+        # Renumbering costs a pass over every class: first see whether the move can pay at all.
+        hope = min([0.0, *(d for _, d in _deltas(solution, shared))])
+        acyclic = False
+        if solution.refs.get(shared, 0) > 0 and solution.total + hope < before - 1e-15:
+            acyclic = not stale or solution.renumber()
+            if acyclic:
+                _rechoose(solution, shared)
+        if acyclic and solution.total < before - 1e-15:
+            accepted += 1
+        else:
+            solution.undo(mark, before)
+            solution.position = numbering
+    return accepted
+
+
+def _deltas(solution: _Solution, cls: int) -> list[tuple[int, float]]:
+    """The change of cost of switching `cls` to each of its other nodes (cycles unchecked)."""
+    found = []
+    for i, kids in enumerate(solution.p.kids[cls]):
+        if i == solution.choice[cls] or not all(k in solution.choice for k in kids):
+            continue
+        mark, total = solution.mark(), solution.total
+        found.append((i, solution.switch(cls, i)))
+        solution.undo(mark, total)
+    return found
+
+
+def _rechoose(solution: _Solution, cls: int) -> None:
+    """Switch `cls` to its best node in the current program, if that is cheaper."""
+    best, best_delta = None, -1e-15
+    for i, _ in sorted(_deltas(solution, cls), key=lambda pair: pair[1]):
+        mark, total = solution.mark(), solution.total
+        delta = _try(solution, cls, i)
+        if delta is not None and delta < best_delta:
+            best, best_delta = i, delta
+            break  # the cheapest acyclic one, trying the cheapest first
+        solution.undo(mark, total)
+    if best is not None:
+        solution.accept(cls, best)
 
 
 def extract(

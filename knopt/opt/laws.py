@@ -29,11 +29,23 @@ CONSTANT_LEAVES = frozenset({"Constant", "Splat"})
 # Ops that fusion.egg inlines into a scalar body instead of loading them.
 ELEMENTWISE = frozenset({"UnaryOp", "BinaryOp", "Clamp", "Cast", "Where"})
 # Ops whose folded value must be small (at most 2^20 elements), not only static: they can make
-# more elements than they read (Broadcast, Pad, Gather, MatMul, Conv, Pool, Attention), or they
+# more elements than they read (Broadcast, Pad, Gather, the products, Pool, Attention), or they
 # cost more than a pass over their data on the CPU while compiling (Scatter and the same
 # contractions and windows). The others make at most as many elements as they read, once each.
 GROWING = frozenset(
-    {"Broadcast", "Pad", "Gather", "Scatter", "MatMul", "Conv", "Pool", "Attention"}
+    {
+        "Broadcast",
+        "Pad",
+        "Gather",
+        "Scatter",
+        "MatMul",
+        "Conv",
+        "Pool",
+        "Attention",
+        "IntMatMul",
+        "IntConv",
+        "Int4MatMul",
+    }
 )
 # Names of the tensor arguments of ops with more than one; `varies-<op>-<role>` rules use them.
 ROLES: dict[str, tuple[str, ...]] = {
@@ -44,6 +56,9 @@ ROLES: dict[str, tuple[str, ...]] = {
     "MatMul": ("left", "right"),
     "Conv": ("input", "weight"),
     "Attention": ("q", "k", "v", "bias"),
+    "IntMatMul": ("left", "right", "left-zero", "right-zero"),
+    "IntConv": ("input", "weight", "input-zero", "weight-zero"),
+    "Int4MatMul": ("a", "packed", "scales", "zeros"),
 }
 # Rule-name stems that are not the constructor in kebab case (kept as the rules were named
 # before they were generated).

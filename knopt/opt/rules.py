@@ -32,7 +32,9 @@ RULE_FILES = (
     "layernorm.egg",
     "activations.egg",
     "attention.egg",
+    "merge.egg",
     "fusion.egg",
+    "quantize.egg",
 )
 SCHEDULE_FILE = "schedule.egg"
 # Rulesets whose rules add facts (types, folded values) rather than rewrite: reports count

@@ -400,6 +400,30 @@ def _attention(e: _Encoder, op: ops.Attention, node: Node, args: list[Any]) -> A
     return call("Attention", *args, _float(op.scale))
 
 
+@_encodes(ops.IntMatMul)
+def _int_matmul(e: _Encoder, op: ops.IntMatMul, node: Node, args: list[Any]) -> Any:
+    return call("IntMatMul", *args)
+
+
+@_encodes(ops.IntConv)
+def _int_conv(e: _Encoder, op: ops.IntConv, node: Node, args: list[Any]) -> Any:
+    pads = [p for pair in op.pads for p in pair]
+    return call(
+        "IntConv",
+        *args,
+        ivec(op.strides),
+        ivec(pads),
+        ivec(op.dilations),
+        lit(op.groups),
+        e.shape(node.output.shape),
+    )
+
+
+@_encodes(ops.Int4MatMul)
+def _int4_matmul(e: _Encoder, op: ops.Int4MatMul, node: Node, args: list[Any]) -> Any:
+    return call("Int4MatMul", *args, lit(op.block))
+
+
 def _encoder_of(node: Node) -> Encoder:
     encode = ENCODERS.get(type(node.op))
     if encode is None:
@@ -519,4 +543,7 @@ DECODERS: dict[str, Decoder] = {
     "LayerNorm": lambda r, a: ops.LayerNorm(a[1], a[2]),
     "RmsNorm": lambda r, a: ops.RmsNorm(a[1], a[2]),
     "Attention": lambda r, a: ops.Attention(a[4]),
+    "IntMatMul": lambda r, a: ops.IntMatMul(),
+    "IntConv": lambda r, a: ops.IntConv(tuple(a[4]), _pairs(a[5]), tuple(a[6]), a[7]),
+    "Int4MatMul": lambda r, a: ops.Int4MatMul(a[4]),
 }

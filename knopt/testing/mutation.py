@@ -280,7 +280,10 @@ def _node_order(rng: random.Random, model: onnx.ModelProto) -> str | None:
 
 def _name(rng: random.Random, model: onnx.ModelProto) -> str | None:
     nodes = _nodes(model)
-    names = sorted({n for node in nodes for n in (*node.input, *node.output) if n})
+    # A name an earlier byte change left invalid UTF-8 reads back as bytes: not offered.
+    names = sorted(
+        {n for node in nodes for n in (*node.input, *node.output) if isinstance(n, str)} - {""}
+    )
     node = _pick(rng, [n for n in nodes if n.input or n.output])
     if not isinstance(node, onnx.NodeProto) or not names:
         return None

@@ -353,3 +353,27 @@ def test_quantize_and_dequantize_are_the_linear_ops(
     assert_same(
         _run(written, {"x": x}, optimize=False), run_knopt(imported, {"x": x}), rtol=0, atol=0
     )
+
+
+@pytest.mark.parametrize(("lo", "dtype"), [(-130.0, "int8"), (0.0, "uint8"), (-100.0, "int8")])
+def test_fake_quantization_is_quantize_then_dequantize_linear(
+    rng: np.random.Generator, lo: float, dtype: str
+) -> None:
+    """rules/quantize.egg's float spelling of `q - zero`, times a scale: exact as Q then DQ."""
+
+    def build(b: GraphBuilder) -> None:
+        x = b.input("x", (BATCH, 8), F32)
+        rounded = b.unary(Unary.ROUND, b.mul(x, b.scalar(32.1, F32, (BATCH, 8))))
+        low = b.scalar(lo, F32, (BATCH, 8))
+        select = b.where(b.unary(Unary.IS_NAN, rounded), low, rounded)
+        codes = b.clamp(select, lo=lo, hi=lo + 255.0)
+        b.output(b.mul(codes, b.scalar(0.031, F32, (BATCH, 8))), "y")
+
+    graph = graph_of(build)
+    written = save_onnx(graph)
+    assert ops_of(written) == Counter({"Mul": 1, "QuantizeLinear": 1, "DequantizeLinear": 1})
+    (zero,) = [t for t in written.graph.initializer if t.data_type != onnx.TensorProto.FLOAT]
+    assert onnx.helper.tensor_dtype_to_np_dtype(zero.data_type) == np.dtype(dtype)
+    x = random_array(rng, (3, 8), F32, low=-10, high=10)
+    x[0, :5] = [np.nan, np.inf, -np.inf, 0.5 / 32.1, 1.5 / 32.1]  # saturation, NaN, ties
+    assert_same(_run(written, {"x": x}, optimize=False), run_knopt(graph, {"x": x}), rtol=0, atol=0)

@@ -3,6 +3,12 @@
 onnxruntime runs each model as written (ORT_DISABLE_ALL): its fused QDQ kernels round
 differently from the model's float arithmetic between Q and DQ nodes, and its default fusion of
 int4 DequantizeLinear + MatMul quantizes activations to int8, neither of which the model says.
+
+Optimized (rules/quantize.egg), the products run as integer kernels with their requantization
+fused; on these inputs that changes no code, so the outputs still equal onnxruntime's within
+float rounding. The optimized programs have fewer kernels than onnxruntime's optimized graphs
+have nodes (the manifest's counts). One fixture per model and quantization method is optimized
+here (optimizing all 25 takes minutes); benchmarks/kernels.py counts them all.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import onnxruntime as ort
 import pytest
 
 import knopt
+from knopt.ir.program import Program
 from tests.models import Fixture
 
 QUANTIZED = Path(__file__).parents[1] / "fixtures" / "quantized"
@@ -43,6 +50,43 @@ def test_quantized_fixture_matches_onnxruntime(entry: dict) -> None:
     theirs = _onnxruntime_as_written(path, feeds)
     for mine, expected in zip(ours, theirs, strict=True):
         assert mine.shape == expected.shape
+        peak = float(np.abs(expected).max())
+        np.testing.assert_allclose(mine, expected, rtol=1e-5, atol=1e-6 * peak)
+
+
+# One fixture per quantization method, each model at least once, and the integer kernel its
+# products become.
+OPTIMIZED = {
+    "resnet_qdq_u8.onnx": "int_conv",
+    "resnet_dynamic.onnx": "int_conv",
+    "bert_qdq_u8s8_channel.onnx": "int_matmul",
+    "bert_dynamic.onnx": "int_matmul",
+    "bert_nbits4.onnx": "int4_matmul",
+    "llama_qdq_s8.onnx": "int_matmul",
+    "llama_nbits4_sym.onnx": "int4_matmul",
+    "llama_int4_dq_sym.onnx": "int4_matmul",
+}
+
+
+def _kernels(program: Program) -> list[str]:
+    return [str(k.kind) for k in program.kernels if k.kind != "view"]
+
+
+@pytest.mark.parametrize(
+    "entry", [e for e in ENTRIES if e["file"] in OPTIMIZED], ids=lambda e: e["file"]
+)
+def test_optimized_quantized_fixture_runs_integer_kernels_equal_to_onnxruntime(
+    entry: dict,
+) -> None:
+    path = QUANTIZED / entry["file"]
+    result = knopt.optimize(knopt.load(path), profile="h200", ilp=False)
+    kinds = _kernels(result.program)
+    assert OPTIMIZED[entry["file"]] in kinds
+    assert len(kinds) <= entry["onnxruntime_nodes"]
+    feeds = _fixture(entry).feeds(seed=3)
+    ours = knopt.compile(result.graph).run(None, feeds)
+    theirs = _onnxruntime_as_written(path, feeds)
+    for mine, expected in zip(ours, theirs, strict=True):
         peak = float(np.abs(expected).max())
         np.testing.assert_allclose(mine, expected, rtol=1e-5, atol=1e-6 * peak)
 

@@ -162,6 +162,42 @@ def test_intermediate_is_dropped_when_its_readers_do_better_without_it() -> None
     assert result.cost == pytest.approx(12.8)
 
 
+# Classes 1 to 3 are computed from the leaf each (Q, K, V) or as slices of class 6, a merged op
+# that computes all three at once (Merged), or by way of class 4 (Via), which has other
+# readers, so the greedy pass prices it at a third of its cost and picks it for class 6. The
+# output also reads the leaf (a residual), so no move that drops the leaf can help.
+MERGED = EGraphData(
+    classes={
+        0: [LEAF],
+        1: [_node("Q", 0), _node("Slice", 6)],
+        2: [_node("K", 0), _node("Slice", 6)],
+        3: [_node("V", 0), _node("Slice", 6)],
+        4: [_node("Big", 0)],
+        5: [_node("Use", 1, 2, 3, 0)],
+        6: [_node("Merged", 0), _node("Via", 4)],
+        7: [_node("Other", 4)],
+        8: [_node("Other", 4)],
+    }
+)
+MERGED_ORIGINAL = [
+    (0, LEAF),
+    (1, _node("Q", 0)),
+    (2, _node("K", 0)),
+    (3, _node("V", 0)),
+    (5, _node("Use", 1, 2, 3, 0)),
+]
+
+
+@pytest.mark.parametrize("ilp", [False, True], ids=["local-search", "ilp"])
+def test_readers_move_onto_a_merged_op_together(ilp: bool) -> None:
+    # Moving one reader at a time onto the merged op costs more (5 for 4 saved), so only a
+    # move of all three finds it; the merged op then takes its best node, not Via (13).
+    cost = _costs({"Q": 4.0, "K": 4.0, "V": 4.0, "Merged": 5.0, "Big": 13.0, "Use": 1.0})
+    result = extract(MERGED, [5], cost, MERGED_ORIGINAL, ilp_max_nodes=1000 if ilp else 0)
+    assert _ops(result.choice) == {"Input", "Slice", "Merged", "Use"}
+    assert result.cost == pytest.approx(6.0)
+
+
 def test_check_extraction_names_a_cycle() -> None:
     choice = {0: LEAF, 1: _node("X", 2), 2: _node("Z", 1), 3: _node("R", 1, 2)}
     error = check_extraction(choice, [3])

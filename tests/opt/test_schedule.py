@@ -58,7 +58,7 @@ def test_slices_do_what_egglog_does_with_the_whole_schedule(phase: int) -> None:
 
 
 def test_the_schedule_saturates_the_fact_rulesets() -> None:
-    assert saturated_rulesets() == {"analysis", "fold", "fusion-facts", "epilogue"}
+    assert saturated_rulesets() == {"analysis", "fold", "merge", "fusion-facts", "epilogue"}
 
 
 def test_a_node_limit_stops_inside_a_step() -> None:

@@ -266,7 +266,7 @@ def test_swiglu_with_a_varying_weight_keeps_two_matmuls(rng: np.random.Generator
     assert result.count("MatMul") == 2
 
 
-def test_swiglu_with_different_widths_keeps_two_matmuls(rng: np.random.Generator) -> None:
+def test_swiglu_with_different_widths_is_left_to_the_merge_rules(rng: np.random.Generator) -> None:
     def build(g: GraphBuilder) -> Value:
         x = _x(g)
         gated = g.unary(Unary.SILU, g.matmul(x, g.constant(_weight(5))))
@@ -275,4 +275,6 @@ def test_swiglu_with_different_widths_keeps_two_matmuls(rng: np.random.Generator
 
     result = optimize_and_compare(build, rng)
     assert result.fired("swiglu-one-matmul") == 0
-    assert result.count("MatMul") == 2
+    # rules/merge.egg merges any two GEMMs of one input, whatever their widths.
+    assert result.fired("merge-matmuls") == 1
+    assert result.count("MatMul") == 1

@@ -65,6 +65,25 @@ def test_each_field_mutation_changes_some_fixture(mutation: Mutation) -> None:
     pytest.fail(f"{mutation.__name__} changed no fixture")
 
 
+def _with_undecodable_names(data: bytes) -> onnx.ModelProto:
+    """The MLP with its input's name made invalid UTF-8, as an earlier byte change leaves it
+    (protobuf then reads that name back as bytes, not str)."""
+    model = onnx.ModelProto()
+    model.ParseFromString(data)
+    name = model.graph.input[0].name.encode()
+    model.ParseFromString(data.replace(name, b"\xff" * len(name)))
+    assert any(isinstance(n, bytes) for node in model.graph.node for n in node.input)
+    return model
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=_name)
+def test_field_mutations_take_names_that_are_not_utf8(mutation: Mutation) -> None:
+    rng = random.Random(5)
+    model = _with_undecodable_names(MLP)
+    for _ in range(20):
+        mutation(rng, model)  # raises nothing: a campaign stops at a fuzzer's own error
+
+
 def test_trials_tell_results_from_knopt_errors_from_bugs(trials: Trials) -> None:
     assert trials.run(MLP, optimize=True).status == OK
     refused = trials.run(b"not a model", optimize=False)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from knopt.ir.graph import Value
 from knopt.testing.generator import GraphGen
-from knopt.testing.moves import compute, elementwise, layout, template
+from knopt.testing.moves import compute, elementwise, layout, quantize, template
 
 Move = Callable[[GraphGen], Value | None]
 
@@ -48,6 +48,10 @@ MOVES: list[tuple[Move, int]] = [
     (template.swiglu, 2),
     (template.neutral, 3),
     (template.no_op_views, 2),
+    (quantize.int_products, 1),
+    (quantize.int4_matmul, 1),
+    (quantize.qdq_matmul, 2),
+    (quantize.matmul_integer, 1),
 ]
 
 __all__ = ["MOVES", "Move"]

@@ -25,6 +25,7 @@ from knopt.testing.rulecheck.sexpr import Sym
 
 _SAME_TYPE = frozenset({"BinaryOp", "Where"})  # operands of one shape (and mostly one dtype)
 _INDEXED = {"Gather": 2, "Scatter": 3}  # ops with an index operand, and where their axis is
+_TRIES = 16  # proposals drawn for an op whose operand is typed already, until one fits
 
 
 class _Shim:
@@ -70,6 +71,10 @@ class Proposer:
                 if ok:
                     fixed[i] = value
         attrs, child_hints = SAMPLERS[call.name](self.draft.sampling, hint, fixed)
+        for _ in range(_TRIES):  # an operand another root typed already: propose to fit it
+            if self.fits(var, child_hints):
+                break
+            attrs, child_hints = SAMPLERS[call.name](self.draft.sampling, hint, fixed)
         self.draft.attrs[var] = attrs
         for i, value in attrs.items():
             arg = call.args[i]
@@ -92,10 +97,41 @@ class Proposer:
             else:
                 self.visit(arg.name, wanted)
 
+    def fits(self, var: str, child_hints: dict[int, Hint | list[Hint]]) -> bool:
+        """Whether a proposal agrees with the operands of `var` that are typed already."""
+        for i, arg in self.draft.tensor_args(var):
+            wanted = child_hints.get(i)
+            if isinstance(wanted, Hint) and isinstance(arg, Sym):
+                known = self.draft.hints.get(arg.name)
+                if known is not None and (known.shape, known.dtype) != (wanted.shape, wanted.dtype):
+                    return False
+        return True
+
+    def below(self, var: str) -> set[str]:
+        """`var` and every variable its bindings reach."""
+        found: set[str] = set()
+        stack = [var]
+        while stack:
+            current = stack.pop()
+            if current not in found:
+                found.add(current)
+                stack.extend(self.draft.children(current))
+        return found
+
     def sample(self) -> None:
-        """Propose every root a random type, and everything below it from there."""
+        """Propose every root a random type, and everything below it from there.
+
+        Roots that share an operand (two matmuls of one input, as multi-pattern rules match)
+        take the type of the first such root, so that their proposals can agree on it.
+        """
+        reached: list[tuple[set[str], Hint]] = []
         for root in self.draft.roots():
-            self.visit(root, Hint(self.draft.sampling.shape(), self.draft.sampling.dtype()))
+            below = self.below(root)
+            hint = next((h for seen, h in reached if seen & below), None)
+            if hint is None:
+                hint = Hint(self.draft.sampling.shape(), self.draft.sampling.dtype())
+            reached.append((below, hint))
+            self.visit(root, hint)
 
 
 class Builder:

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from knopt.cpu.elementwise import NUMPY_UNARY
-from knopt.cpu.kernels import KERNELS
+from knopt.cpu.kernels import KERNELS, int4_weight, unpack_int4
 from knopt.ir import op as ops
+from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Value
 from knopt.ir.kernel import KERNEL_CONSTRUCTORS, KernelKind
 from knopt.ir.op import Input, Iota, Sizes, TensorType, Unary
@@ -219,22 +220,31 @@ def _epilogue_of(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | N
 
 
 def _accumulator(ctx: FactContext, node: Any) -> np.ndarray:
-    """The main result of a reduce, softmax or norm kernel, before its epilogue."""
+    """The main result of a fused kernel, before its epilogue."""
     main = decode_main_op(ctx.tables, node)
     assert main is not None
-    x = ctx.values.body(prologue_of(node).id)
-    return np.asarray(KERNELS[type(main)](main, x))
+    kind = KernelKind.of_constructor(node.op)
+    assert kind is not None
+    if kind.has_prologue:
+        operands = [ctx.values.body(prologue_of(node).id)]
+    else:
+        arity = main.arity if main.arity is not None else 1
+        operands = [ctx.values.value(a.id) for a in node.args[:arity]]
+    return np.asarray(KERNELS[type(main)](main, *operands))
 
 
-def _has_prologue(constructor: str) -> bool:
+def _has_epilogue_state(constructor: str) -> bool:
+    """Kinds whose `extends` facts fusion.egg derives: a main op with an epilogue."""
     kind = KernelKind.of_constructor(constructor)
-    return kind is not None and kind.has_prologue
+    return kind is not None and kind.main_op is not None
 
 
 def _extends(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     e, y, ep, ep2 = args
     kernels = [
-        n for n in ctx.values.data.classes.get(y.id, []) if _has_prologue(n.op) and n.args[-1] == ep
+        n
+        for n in ctx.values.data.classes.get(y.id, [])
+        if _has_epilogue_state(n.op) and n.args[-1] == ep
     ]
     if not kernels:
         raise Uncomputable(f"e-class {y.id} has no kernel with that epilogue")
@@ -289,8 +299,170 @@ def _tanh_gelu_arg(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str |
 
 
 def _context_only(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
-    """A fact about where a tensor is read (softmax-addend, raw-scores): no value to check."""
+    """A fact about where a tensor is read or how siblings are ordered: no value to check.
+
+    Such are softmax-addend and raw-scores, and merge.egg's sibling-first and the like.
+    """
     return None
+
+
+def _plus_bias(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    s, y, b = args
+    total = ctx.values.value(y.id)
+    expected = total + np.broadcast_to(ctx.values.value(b.id), total.shape).astype(total.dtype)
+    return _close(ctx.values.value(s.id), expected, "y + b")
+
+
+def _merged_pair(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    m, y, e, axis = args
+    merged, first, second = (ctx.values.value(c.id) for c in (m, y, e))
+    if merged.ndim != first.ndim or not 0 <= axis < merged.ndim:
+        return f"axis {axis} of rank {merged.ndim}"
+    if merged.shape[axis] != first.shape[axis] + second.shape[axis]:
+        return f"sizes {merged.shape[axis]} != {first.shape[axis]} + {second.shape[axis]}"
+    head, tail = np.split(merged, [first.shape[axis]], axis=axis)
+    return _close(head, first, "the first part") or _close(tail, second, "the second part")
+
+
+def _runtime(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    cls = args[0].id
+    if cls in ctx.varying or not is_static(_type(ctx, cls).shape):
+        return None
+    return f"e-class {cls} reads no input and has a static shape"
+
+
+# ---- quantized arithmetic (rules/quantize.egg) ------------------------------------------------
+
+
+def _exact(actual: np.ndarray, expected: np.ndarray, what: str) -> str | None:
+    expected = np.asarray(expected)
+    actual = np.asarray(actual)
+    if actual.shape != expected.shape or not _same(actual.astype(expected.dtype), expected):
+        return f"{what} differs"
+    return None
+
+
+def _splat_of(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    t, v = args
+    x = ctx.values.value(t.id)
+    return None if bool(np.all(x == v)) else f"not every element is {v}"
+
+
+def _centered(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    e, q, z = (ctx.values.value(a.id) for a in args)
+    return _exact(e, q.astype(np.int32) - z.astype(np.int32), "q - z")
+
+
+def _dequantized(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    e, q, z, sc = (ctx.values.value(a.id) for a in args)
+    t = e.dtype
+    return _close(e, (q.astype(t) - z.astype(t)) * sc, "(q - z) * s")
+
+
+def _uniform(axis: int) -> Oracle:
+    def oracle(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+        x = ctx.values.value(args[0].id)
+        if x.ndim < -axis:
+            return None  # no such axis: nothing varies along it
+        first = np.take(x, [0], axis=axis)
+        return None if _same(np.broadcast_to(first, x.shape), x) else f"varies along axis {axis}"
+
+    return oracle
+
+
+def _int_product(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    nodes = ctx.values.data.classes.get(args[0].id, [])
+    return None if any(n.op in ("IntMatMul", "IntConv") for n in nodes) else "no integer product"
+
+
+def _int_body(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    y, acc, body = args
+    expected = ctx.values.value(y.id)
+    return _close(ctx.values.body(body.id, acc=ctx.values.value(acc.id)), expected, "the body")
+
+
+def _quantized(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    e, y, scale, zero, lo, dtype = args
+    t = DType[dtype]
+    info = np.iinfo(t.numpy)
+    x = ctx.values.value(y.id)
+    with np.errstate(all="ignore"):
+        codes = np.round(x / x.dtype.type(scale)) + x.dtype.type(zero)
+        codes = np.clip(codes, info.min, info.max)
+        codes = np.where(np.isnan(codes), lo, codes)
+    return _exact(ctx.values.value(e.id), codes.astype(np.int32).astype(t.numpy), "the codes")
+
+
+def _unpacked4(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    c, p = (ctx.values.value(a.id) for a in args)
+    return _exact(c, unpack_int4(p), "the nibbles")
+
+
+def _nbits_zeros(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    z, zp, blocks = args
+    expected = unpack_int4(ctx.values.value(zp.id))[:, :blocks]
+    return _exact(ctx.values.value(z.id), expected, "the zero points")
+
+
+def _int4_rows(packed: np.ndarray, scales: np.ndarray, zeros: np.ndarray, block: int) -> Any:
+    """The dequantized rows [n, blocks * block] of Int4MatMul's operands."""
+    k = packed.shape[1] * block
+    return int4_weight(ops.Int4MatMul(block), packed, scales, zeros, k)
+
+
+def _nbits_rows(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    r, p, sc, zp, block = args
+    v = ctx.values.value
+    rows = _int4_rows(v(p.id), v(sc.id), v(zp.id), block)
+    return _close(v(r.id), rows, "the dequantized rows")
+
+
+def _int4_weight(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    w, p, sc, zp, block = args
+    v = ctx.values.value
+    weight = v(w.id)
+    rows = _int4_rows(v(p.id), v(sc.id), v(zp.id), block)
+    return _close(weight, rows[:, : weight.shape[0]].T, "the weight")
+
+
+def _blocked(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    v, t, block = args
+    spread = ctx.values.value(t.id)
+    expected = np.repeat(ctx.values.value(v.id), block, axis=0)[: spread.shape[0]]
+    return _exact(spread, expected, "the blocked rows")
+
+
+def _dequantized4(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    e, q, z, sc, block = args
+    x = ctx.values.value(e.id)
+    k = x.shape[0]
+    zero = np.repeat(ctx.values.value(z.id), block, axis=0)[:k]
+    scale = np.repeat(ctx.values.value(sc.id), block, axis=0)[:k]
+    codes = ctx.values.value(q.id)
+    return _close(x, (codes.astype(x.dtype) - zero.astype(x.dtype)) * scale, "(q - z) * s")
+
+
+def _codes8(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    q, c = (ctx.values.value(a.id) for a in args)
+    shift = 8 if q.dtype == DType.I4.numpy else 0
+    return _exact(c, (q.astype(np.int16) + shift).astype(np.uint8), "the uint8 codes")
+
+
+def _pack_pairs(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    t, p = (ctx.values.value(a.id) for a in args)
+    return _exact(p, (t[:, 0::2] | (t[:, 1::2] << 4)).astype(np.uint8), "the packed bytes")
+
+
+def _int4_rows_of(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    e, rows, zrows, sc, block = args
+    x = ctx.values.value(e.id)
+    codes, zeros = ctx.values.value(rows.id), ctx.values.value(zrows.id)
+    scales = ctx.values.value(sc.id).T
+    blocks = scales.shape[1]
+    zero = np.repeat(zeros[:, :blocks], block, axis=1)
+    scale = np.repeat(scales, block, axis=1)
+    weight = (codes.astype(x.dtype) - zero.astype(x.dtype)) * scale
+    return _close(x, weight[:, : x.shape[0]].T, "the rows")
 
 
 Oracle = Callable[[FactContext, tuple[Any, ...], Any], "str | None"]
@@ -326,6 +498,33 @@ ORACLES: dict[str, Oracle] = {
     "tanh-gelu-arg": _tanh_gelu_arg,
     "softmax-addend": _context_only,
     "raw-scores": _context_only,
+    "merge-key": _constant,
+    "sibling-first": _context_only,
+    "sibling-after": _context_only,
+    "chain-end": _context_only,
+    "plus-bias": _plus_bias,
+    "merged-pair": _merged_pair,
+    "runtime": _runtime,
+    "epilogue-cap": _context_only,
+    "splat-of": _splat_of,
+    "centered": _centered,
+    "dq": _dequantized,
+    "scale": _context_only,
+    "across-last": _uniform(-1),
+    "across-penult": _uniform(-2),
+    "int-product": _int_product,
+    "int-body": _int_body,
+    "quantized": _quantized,
+    "unpacked4": _unpacked4,
+    "nbits-zeros": _nbits_zeros,
+    "nbits-rows": _nbits_rows,
+    "int4-weight": _int4_weight,
+    "blocked": _blocked,
+    "dq4": _dequantized4,
+    "codes8": _codes8,
+    "wants-pairs": _context_only,
+    "pack-pairs": _pack_pairs,
+    "int4-rows": _int4_rows_of,
 }
 
 

@@ -86,6 +86,8 @@ def merge(book: Rulebook, atoms: list[Expr]) -> list[Expr] | None:
         if isinstance(a, Sym) and isinstance(b, Sym):
             if a != b:
                 subst[b.name] = a
+                if b.name in bound:  # both were bound: their terms must agree too
+                    queue.append((Sym("="), a, bound.pop(b.name)))
             continue
         if isinstance(a, Lit) and isinstance(b, Lit):
             if a != b:

@@ -48,6 +48,7 @@ DERIVED: dict[str, frozenset[int]] = {
     "ArgReduce": frozenset({4}),
     "Conv": frozenset({6}),
     "Pool": frozenset({8}),
+    "IntConv": frozenset({8}),
 }
 BOUNDS = (-math.inf, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 6.0, math.inf)
 # Small integer types are here so that a rule wrong only when a narrow sum or product wraps is
@@ -357,20 +358,67 @@ def _named(fixed: dict[int, Any], names: dict[str, int]) -> dict[str, Any]:
     return {name: fixed[i] for name, i in names.items() if i in fixed}
 
 
-def _conv(s: Sampling, out: Hint, fixed: dict[int, Any]) -> Proposal:
-    axes = _spatial(s, out, _named(fixed, {"strides": 2, "pads": 3, "dilations": 4}))
+def _conv_window(
+    s: Sampling, out: Hint, fixed: dict[int, Any], first: int
+) -> tuple[dict[int, Any], Shape, Shape]:
+    """Attributes at positions `first...` (strides, pads, dilations, groups), x and w shapes."""
+    names = {"strides": first, "pads": first + 1, "dilations": first + 2}
+    axes = _spatial(s, out, _named(fixed, names))
     n, m = out.shape[:2]
-    groups = _pick(fixed, 5, lambda: s.choose([g for g in (1, m) if m % g == 0]))
+    groups = _pick(fixed, first + 3, lambda: s.choose([g for g in (1, m) if m % g == 0]))
     per_group = s.integer(1, 2)
     attrs = {
-        2: tuple(a[1] for a in axes),
-        3: tuple(p for a in axes for p in a[3:5]),
-        4: tuple(a[2] for a in axes),
-        5: groups,
+        first: tuple(a[1] for a in axes),
+        first + 1: tuple(p for a in axes for p in a[3:5]),
+        first + 2: tuple(a[2] for a in axes),
+        first + 3: groups,
     }
-    x = Hint((n, groups * per_group, *(a[5] for a in axes)), out.dtype)
-    w = Hint((m, per_group, *(a[0] for a in axes)), out.dtype)
-    return attrs, {0: x, 1: w}
+    x = (n, groups * per_group, *(a[5] for a in axes))
+    w = (m, per_group, *(a[0] for a in axes))
+    return attrs, x, w
+
+
+def _conv(s: Sampling, out: Hint, fixed: dict[int, Any]) -> Proposal:
+    attrs, x, w = _conv_window(s, out, fixed, 2)
+    return attrs, {0: Hint(x, out.dtype), 1: Hint(w, out.dtype)}
+
+
+EIGHT_BIT = (DType.U8, DType.I8)
+
+
+def _with_zeros(s: Sampling, a: Shape, b: Shape) -> dict[int, Hint | list[Hint]]:
+    """Hints for two 8-bit operands (each int8 or uint8) and their zero points."""
+    ta, tb = s.choose(EIGHT_BIT), s.choose(EIGHT_BIT)
+    return {0: Hint(a, ta), 1: Hint(b, tb), 2: Hint(a, ta), 3: Hint(b, tb)}
+
+
+def _int_matmul(s: Sampling, out: Hint, fixed: dict[int, Any]) -> Proposal:
+    if len(out.shape) < 2:
+        raise InvalidGraphError("matmul results have rank 2 or more")
+    k = s.integer(1, 4)
+    *lead, m, n = out.shape
+    return {}, _with_zeros(s, (*lead, m, k), (*lead, k, n))
+
+
+def _int_conv(s: Sampling, out: Hint, fixed: dict[int, Any]) -> Proposal:
+    attrs, x, w = _conv_window(s, out, fixed, 4)
+    return attrs, _with_zeros(s, x, w)
+
+
+def _int4_matmul(s: Sampling, out: Hint, fixed: dict[int, Any]) -> Proposal:
+    if len(out.shape) < 2 or not out.dtype.is_float:
+        raise InvalidGraphError("int4 matmul results are float matrices")
+    block = _pick(fixed, 4, lambda: s.choose((16, 32)))
+    k = s.integer(1, 40)
+    *lead, m, n = out.shape
+    blocks = -(-k // block)
+    children: dict[int, Hint | list[Hint]] = {
+        0: Hint((*lead, m, k), out.dtype),
+        1: Hint((n, blocks, block // 2), DType.U8),
+        2: Hint((n, blocks), out.dtype),
+        3: Hint((n, -(-blocks // 2)), DType.U8),
+    }
+    return {4: block}, children
 
 
 def _pool(s: Sampling, out: Hint, fixed: dict[int, Any]) -> Proposal:
@@ -451,4 +499,7 @@ SAMPLERS: dict[str, Sampler] = {
     "LayerNorm": _normalize,
     "RmsNorm": _normalize,
     "Attention": _attention,
+    "IntMatMul": _int_matmul,
+    "IntConv": _int_conv,
+    "Int4MatMul": _int4_matmul,
 }
