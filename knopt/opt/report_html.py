@@ -39,6 +39,9 @@ KIND_COLOURS: dict[str, str] = {
     "softmax": "#e15759",
     "layer_norm": "#b07aa1",
     "rms_norm": "#ff9da7",
+    "int_matmul": "#edc948",
+    "int_conv": "#8cd17d",
+    "int4_matmul": "#d4a6c8",
     "op": "#9c755f",  # a single op run as its own kernel (a gather, a concat, ...)
     "view": "#bab0ac",  # free: the backend reads the input through strides
     "removed": "#e6e6e6",  # folded into a constant or simplified away: no kernel computes it
