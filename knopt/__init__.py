@@ -12,7 +12,8 @@ GPUs.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from knopt.errors import (
@@ -36,6 +37,7 @@ from knopt.ir.memory import set_memory_limit
 from knopt.onnx.export import DEFAULT_OPSET, save_onnx
 from knopt.onnx.export_kernels import save_kernels
 from knopt.onnx.load import import_model, input_symbols, load_model
+from knopt.opt.egraph import DEFAULT_LIMITS, Limits
 from knopt.opt.optimize import OptimizeResult
 from knopt.opt.optimize import optimize as run_optimizer
 from knopt.session import PerSizeSession, Session
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 
     from knopt.cache import ProgramCache
     from knopt.opt.cost import DeviceProfile
+    from knopt.opt.rules import RuleFile
 
 
 def load(source: str | os.PathLike[str] | bytes, dims: Mapping[str, int] | None = None) -> Graph:
@@ -94,13 +97,42 @@ def save(
     return save_onnx(graph, path, opset=opset, target=target)
 
 
-def optimize(graph: Graph, **options: Any) -> OptimizeResult:
-    """Optimize a graph by equality saturation; see `knopt.opt.optimize.optimize`.
+def optimize(
+    graph: Graph,
+    *,
+    rules: Sequence[str | Path | RuleFile] = (),
+    profile: str | os.PathLike[str] | DeviceProfile = "cpu",
+    limits: Limits = DEFAULT_LIMITS,
+    ilp: bool = True,
+    sizes: Mapping[str, int] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> OptimizeResult:
+    """Optimize a graph by equality saturation and cost-based extraction.
+
+    Phase 1 rewrites the graph with the algebra rules and extracts the cheapest program of ops;
+    phase 2 groups that program's ops into fused kernels. Symbolic sizes stay symbolic.
+
+    Args:
+        graph: The graph to optimize (it is not changed).
+        rules: Extra rule files (paths or `knopt.opt.RuleFile`s), run with the shipped ones.
+        profile: The device whose costs guide extraction: "cpu", "h200", "h200-graph", a
+            profile file written by `knopt calibrate`, or a `DeviceProfile`.
+        limits: Saturation bounds per phase (`knopt.opt.Limits(seconds=..., nodes=...)`);
+            hitting one keeps the best e-graph so far.
+        ilp: Whether to refine extraction with an ILP where it can pay off.
+        sizes: The representative value of named symbolic sizes, at which kernels are costed.
+        progress: Called with a short line as each phase starts, for a status display.
 
     Returns:
-        The optimized graph (`.graph`) and what was done (`.report`).
+        The optimized graph (`.graph`), its kernels (`.program`) and what was done (`.report`).
+
+    Raises:
+        RuleFileError: If a rule file is malformed.
+        OptimizeError: If the rules or extraction produce something unusable.
     """
-    return run_optimizer(graph, **options)
+    return run_optimizer(
+        graph, rules=rules, profile=profile, limits=limits, ilp=ilp, sizes=sizes, progress=progress
+    )
 
 
 def compile(
@@ -126,7 +158,9 @@ def compile(
     Args:
         model: A graph, or an ONNX model's path or bytes.
         device: "cpu", "cuda", or "best" (cuda if a GPU is usable).
-        precision: On cuda, "f32" (strict, no TF32), "tf32", "fp16" or "bf16".
+        precision: On cuda, "f32" (strict, no TF32), "tf32", "fp16" or "bf16". The CPU
+            computes in f32 only: another precision is refused on "cpu", and on "best"
+            without a GPU it is a warning (the run is in f32).
         optimize: Run the optimizer first (once). The default is True on cuda, where fused
             kernels are the point, and False on cpu, whose executor is the reference that
             optimized programs are checked against.
@@ -145,6 +179,7 @@ def compile(
             or profile are ignored.
 
     Raises:
+        UsageError: If the device or precision is unknown, or not f32 on "cpu".
         KnoptError: If loading fails or the device is not available.
         InputError: If `dims` names a size the model does not have, or a range is malformed.
     """

@@ -7,10 +7,13 @@ import contextlib
 import io
 import os
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from knopt.commands import COMMANDS
 from knopt.errors import KnoptError, UsageError
+from knopt.version import __version__
 
 FAILED = 1  # a command that could not do its job
 USAGE = 2  # a command line that asks for something that cannot be (as argparse exits)
@@ -24,14 +27,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     A knopt error, Ctrl-C or a closed output pipe (`knopt info m.onnx | head`) ends the command
     with a one-line message (or none, for the pipe) instead of a traceback.
     """
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="knopt",
         description="An optimizing compiler for neural networks (ONNX in, fused kernels out).",
     )
+    parser.add_argument("--version", action="version", version=f"knopt {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(subparsers)
     args = parser.parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _warning_line(args.command)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the chosen subcommand; map its errors to exit statuses and one-line messages."""
     try:
         status = int(args.run(args) or 0)
         sys.stdout.flush()  # a closed pipe fails here, inside the handlers, not at exit
@@ -47,7 +58,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return BROKEN_PIPE
+    except OSError as err:
+        # A file that vanished or a disk that filled up while the command ran.
+        print(f"knopt {args.command}: error: {_os_error_text(err)}", file=sys.stderr)
+        return FAILED
     return status
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, as knopt's other errors are."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print `knopt COMMAND: error: MESSAGE` and where the options are listed; exit 2."""
+        self.exit(USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _warning_line(command: str) -> Callable[..., None]:
+    """A `warnings.showwarning` that prints `knopt COMMAND: warning: MESSAGE` on stderr."""
+
+    def show(message: Warning | str, *_: object, **__: object) -> None:
+        print(f"knopt {command}: warning: {message}", file=sys.stderr)
+
+    return show
+
+
+def _os_error_text(err: OSError) -> str:
+    """`path: reason` for a file-system error, without Python's `[Errno N]` prefix."""
+    reason = err.strerror or str(err)
+    return f"{err.filename}: {reason}" if err.filename else reason
 
 
 def _silence_stdout() -> None:

@@ -10,6 +10,7 @@ SIZES_KEPT sets used most recently.
 from __future__ import annotations
 
 import os
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import numpy as np
 
 from knopt.cache import ProgramCache, open_cache
 from knopt.cpu.executor import run_graph
-from knopt.errors import InputError, KnoptError
+from knopt.errors import InputError, KnoptError, UsageError
 from knopt.ir.bind import bind_symbols, infer_sizes
 from knopt.ir.dims import SizeProfile
 from knopt.ir.graph import Graph
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from onnx import ModelProto
 
 DEVICES = ("cpu", "cuda", "best")
+PRECISIONS = ("f32", "tf32", "fp16", "bf16")  # the keys of knopt.cuda.precision.PRECISIONS
 SIZES_KEPT = 32  # sets of sizes whose bound graph (cpu) or plan and CUDA graph (cuda) are kept
 
 K = TypeVar("K")
@@ -85,7 +87,8 @@ class Session:
 
     Args:
         device: "cpu", "cuda", or "best" (cuda when a GPU is usable, else cpu).
-        precision: On cuda: "f32" (strict), "tf32", "fp16" or "bf16".
+        precision: On cuda: "f32" (strict), "tf32", "fp16" or "bf16"; only "f32" on the CPU
+            (refused on "cpu", a warning on "best" without a GPU).
         optimize: Optimize the graph first (default: on cuda only).
         profile: The cost model for optimizing: a built-in name, a `knopt calibrate` file or
             a `DeviceProfile` (default: "h200-graph" on cuda, "cpu" on cpu).
@@ -101,8 +104,9 @@ class Session:
             holds NVRTC's cubins.
 
     Raises:
-        KnoptError: If the device or precision is unknown, "cuda" has no usable GPU, or the
-            resident pairs are not caches.
+        UsageError: If the device or precision is unknown, or the precision is not f32 on
+            "cpu" (on "best" without a GPU, that is a warning and the run is in f32).
+        KnoptError: If "cuda" has no usable GPU, or the resident pairs are not caches.
         InputError: If `dims` names a size the model does not have or a range is malformed.
     """
 
@@ -144,7 +148,10 @@ class Session:
     ) -> None:
         """Set up the device, the caches and the optimizer options (everything but the graph)."""
         if device not in DEVICES:
-            raise KnoptError(f"device '{device}' is unknown (use {', '.join(DEVICES)})")
+            raise UsageError(f"device '{device}' is unknown (use {', '.join(DEVICES)})")
+        if precision not in PRECISIONS:
+            raise UsageError(f"precision '{precision}' is unknown (use {', '.join(PRECISIONS)})")
+        requested = device
         if device != "cpu":
             import knopt.cuda
 
@@ -157,6 +164,8 @@ class Session:
                 )
             else:
                 device = "cpu"
+        if device == "cpu" and precision != "f32":
+            _check_cpu_precision(requested, precision)
         self.device = device
         self.precision = precision
         self.stats = SessionStats()
@@ -176,6 +185,13 @@ class Session:
         self.cache: ProgramCache | None = None
         if cache is not None:
             self.cache = open_cache(cache, device)
+
+    def __repr__(self) -> str:
+        optimized = "optimized" if self.optimize else "not optimized"
+        return (
+            f"<{type(self).__name__} {self.device} {self.precision}, {optimized}, "
+            f"inputs {self.input_names}, outputs {self.output_names}>"
+        )
 
     @property
     def input_names(self) -> list[str]:
@@ -340,6 +356,26 @@ class Session:
             return bind_symbols(graph, sizes)
 
         return remember(self._bound, tuple(sorted(sizes.items())), bind, SIZES_KEPT)
+
+
+def _check_cpu_precision(requested: str, precision: str) -> None:
+    """The CPU executor computes in f32 only: refuse another precision asked of it.
+
+    Asked of "best", which fell back to the CPU, it is a warning: the same code runs with or
+    without a GPU, in f32 where there is none.
+
+    Raises:
+        UsageError: If `requested` is "cpu".
+    """
+    if requested == "cpu":
+        raise UsageError(
+            f"precision '{precision}' is for device 'cuda'; the CPU executor computes in f32 "
+            "(leave precision at 'f32', or run on 'cuda')"
+        )
+    warnings.warn(
+        f"device '{requested}' found no usable GPU: running on the CPU in f32, not {precision}",
+        stacklevel=4,
+    )
 
 
 class PerSizeSession(Session):

@@ -11,7 +11,8 @@ inside functions. From the bottom up:
     cache                 optimized programs on disk, shared between processes
     session, ...          what users call: sessions, calibration, the ONNX backend adapter,
                           the package's functions, serving, the mutation fuzzer's
-                          trials (which run whole models), the commands and the CLI
+                          trials (which run whole models), the commands, the CLI and
+                          `python -m knopt`
 
 A module may import modules of its own package and of lower layers only. A function-local
 import is allowed only for an optional part that needs extra packages (`knopt.cuda`: the CUDA
@@ -41,6 +42,7 @@ LAYERS: list[set[str]] = [
     {"knopt.serve", "knopt.testing.trial"},
     {"knopt.commands"},
     {"knopt.cli"},
+    {"knopt.__main__"},
 ]
 OPTIONAL = ("knopt.cuda", "knopt.testing", "knopt.serve")  # may be imported inside functions
 

@@ -9,9 +9,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import knopt
-from knopt.errors import InputError, KnoptError, SymbolicSizeError
+from knopt.errors import InputError, KnoptError, SymbolicSizeError, UsageError
 from knopt.ir.graph import Graph
-from knopt.session import PerSizeSession
+from knopt.session import PRECISIONS, PerSizeSession
 from tests.models import MODELS
 from tests.oracle import run_onnxruntime
 
@@ -221,3 +221,46 @@ def test_resident_pairs_must_be_caches() -> None:
         knopt.compile(path, resident={"logits": "past_key_values.0.key"})
     with pytest.raises(KnoptError, match="give ranges for \\['past', 'seq'\\]"):
         knopt.compile(path, resident=CACHES, cache_mask="attention_mask")
+
+
+# ---- what a session is asked for ------------------------------------------------------------
+
+
+def _tiny_graph() -> Graph:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "tiny", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return knopt.load(model.SerializeToString())
+
+
+@pytest.mark.parametrize("device", ["cpu", "best"])
+def test_an_unknown_precision_or_device_is_refused(device: str) -> None:
+    with pytest.raises(UsageError, match=r"precision 'banana' is unknown \(use f32, tf32"):
+        knopt.compile(_tiny_graph(), device, precision="banana")
+    with pytest.raises(UsageError, match=r"device 'gpu' is unknown \(use cpu, cuda, best\)"):
+        knopt.compile(_tiny_graph(), "gpu")
+
+
+def test_precisions_are_those_of_the_cuda_backend() -> None:
+    from knopt.cuda.precision import PRECISIONS as CUDA_PRECISIONS
+
+    assert tuple(CUDA_PRECISIONS) == PRECISIONS
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "bf16"])
+def test_a_narrow_precision_on_the_cpu_is_refused(precision: str) -> None:
+    with pytest.raises(UsageError, match=f"precision '{precision}' is for device 'cuda'"):
+        knopt.compile(_tiny_graph(), "cpu", precision=precision)
+
+
+def test_best_without_a_gpu_warns_that_it_runs_in_f32() -> None:
+    import knopt.cuda
+
+    if knopt.cuda.is_available():
+        pytest.skip("a GPU is usable here, so 'best' runs on it in fp16")
+    with pytest.warns(UserWarning, match="running on the CPU in f32, not fp16"):
+        session = knopt.compile(_tiny_graph(), "best", precision="fp16")
+    assert session.device == "cpu"
+    (y,) = session.run(None, {"x": np.array([-1.0, 2.0], np.float32)})
+    np.testing.assert_array_equal(y, [0.0, 2.0])

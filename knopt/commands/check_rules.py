@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from knopt.commands.common import positive_int
 from knopt.errors import RuleFileError
 from knopt.opt.rules import generated_rules, read_rule_file
 
@@ -32,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--instances",
-        type=int,
+        type=positive_int,
         default=16,
         metavar="N",
         help="instances drawn per rule (default: %(default)s)",
@@ -47,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of every random choice")
     parser.add_argument(
         "--jobs",
-        type=int,
+        type=positive_int,
         default=min(2, os.cpu_count() or 1),
         help="worker processes (default: %(default)s)",
     )

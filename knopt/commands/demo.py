@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     """Optimize, explain and verify the demo model."""
     model = resources.files("knopt") / "data" / "demo.onnx"
     graph = knopt.load(model.read_bytes())
-    print(f"demo model: {len(graph.nodes)} IR nodes, input {graph.input_names[0]}")
+    print(f"demo model: {model} ({len(graph.nodes)} IR nodes, input {graph.input_names[0]})")
     result = knopt.optimize(graph, profile=args.device_profile)
     print(format_report(result.report))
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
@@ -51,4 +51,5 @@ def run(args: argparse.Namespace) -> int:
         f"checked: the {result.report.kernels}-kernel program matches the original "
         f"{len(graph.nodes)}-node graph on the CPU executor (max error {error:.1e})"
     )
+    print(f"next: knopt optimize {model} -o demo.opt.onnx --html demo.html")
     return 0

@@ -9,7 +9,7 @@ import onnx
 
 from knopt.commands.common import parse_dims
 from knopt.errors import KnoptError
-from knopt.onnx.load import default_opset, import_model, load_model
+from knopt.onnx.load import default_opset, import_model, input_symbols, load_model
 from knopt.onnx.support import find_unsupported
 
 
@@ -34,6 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the description; 1 if some op is unsupported or the import fails, else 0."""
     model = load_model(args.model)
+    dims = parse_dims(args.dims, input_symbols(model))
     opset = default_opset(model)
     print(f"model: {args.model} (opset {opset}, producer {_producer(model)})")
     print("inputs:")
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {op_type}: {', '.join(repr(n) for n in nodes)}")
         return 1
     try:
-        graph = import_model(model, parse_dims(args.dims))
+        graph = import_model(model, dims)
     except KnoptError as err:
         print(f"cannot import: {err}")
         return 1

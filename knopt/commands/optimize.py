@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
+import onnx
+
 import knopt
-from knopt.commands.common import parse_ranges
+from knopt.commands.common import (
+    Status,
+    check_writable,
+    positive_float,
+    positive_int,
+    size_profile,
+    unwritable,
+)
 from knopt.errors import KnoptError, UsageError
-from knopt.ir.dims import SizeProfile
+from knopt.onnx.export import MIN_OPSET
 from knopt.onnx.load import default_opset, input_symbols, load_model
 from knopt.opt.cost import PROFILES
 from knopt.opt.egraph import Limits
 from knopt.opt.explain import format_report, to_html
+from knopt.opt.report import OptimizeReport
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -37,6 +46,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="an extra rule file (repeatable); its rules join the `algebra` ruleset",
     )
     parser.add_argument("--explain", action="store_true", help="print what the optimizer did")
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress line and no summary (progress shows only on a terminal anyway)",
+    )
     parser.add_argument("--report-json", type=Path, help="write the report as JSON here")
     parser.add_argument(
         "--html",
@@ -62,13 +77,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--time-limit",
-        type=float,
+        type=positive_float,
         default=Limits.seconds,
         help="seconds of saturation before stopping (default: %(default)s)",
     )
     parser.add_argument(
         "--node-limit",
-        type=int,
+        type=positive_int,
         default=Limits.nodes,
         help="e-nodes before stopping saturation (default: %(default)s)",
     )
@@ -76,7 +91,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--target",
         choices=["onnx", "onnxruntime"],
-        default="onnx",
         help="the runtime the output is for: standard ops only (onnx, the default), or also "
         "onnxruntime's com.microsoft fused ops",
     )
@@ -90,46 +104,118 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--opset",
         type=int,
         default=None,
-        help="ONNX opset of the output (default: the model's, at least 18)",
+        help=f"ONNX opset of the output, {MIN_OPSET} to {onnx.defs.onnx_opset_version()} "
+        f"(default: the model's, at least {MIN_OPSET})",
     )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Optimize, report and save."""
-    html_problem = _unwritable(args.html) if args.html else None
-    if html_problem and not args.output:
-        raise UsageError(f"--html {args.html}: {html_problem}")
-    if html_problem:
-        # Say so at once, and still save the model: the user may want it more than the report.
-        print(
-            f"knopt optimize: warning: --html {args.html}: {html_problem}; the model will be "
-            "saved but not the report",
-            file=sys.stderr,
+    bad_reports = _check_request(args)
+    with Status("optimize", quiet=args.quiet) as status:
+        status("loading the model")
+        model = load_model(args.model)
+        opset = _output_opset(args.opset, default_opset(model))
+        ranges = size_profile(args.dims, input_symbols(model))
+        status("importing the model")
+        graph = knopt.onnx.import_model(model, ranges.fixed)
+        if args.output is None and not (
+            args.quiet or args.explain or args.report_json or args.html
+        ):
+            print(
+                "knopt optimize: note: no -o PATH given, so the optimized model will not be saved",
+                file=sys.stderr,
+            )
+        result = knopt.optimize(
+            graph,
+            sizes=ranges.representative,
+            rules=args.rules,
+            profile=args.device_profile,
+            limits=Limits(seconds=args.time_limit, nodes=args.node_limit),
+            ilp=not args.no_ilp,
+            progress=status,
         )
-    model = load_model(args.model)
-    ranges = SizeProfile.parse(parse_ranges(args.dims), input_symbols(model))
-    graph = knopt.onnx.import_model(model, ranges.fixed)
-    result = knopt.optimize(
-        graph,
-        sizes=ranges.representative,
-        rules=args.rules,
-        profile=args.device_profile,
-        limits=Limits(seconds=args.time_limit, nodes=args.node_limit),
-        ilp=not args.no_ilp,
-    )
+        if args.output:
+            status(f"saving {args.output}")
+            saved = knopt.save(
+                result, args.output, kernels=args.kernels, opset=opset, target=args.target or "onnx"
+            )
     report = result.report
     report.onnx_nodes_before = len(model.graph.node)
     if args.output:
-        opset = args.opset or max(18, default_opset(model))
-        saved = knopt.save(
-            result, args.output, kernels=args.kernels, opset=opset, target=args.target
-        )
         report.onnx_nodes_after = len(saved.graph.node)
     if args.explain:
         print(format_report(report))
-    if args.report_json:
-        args.report_json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    if not args.quiet:
+        print(_summary(args, report), file=sys.stderr)
+    if args.report_json and "--report-json" not in bad_reports:
+        _write_report(args.report_json, "--report-json", json.dumps(report.to_json(), indent=2))
+    if args.html and "--html" not in bad_reports:
+        _write_report(args.html, "--html", to_html(result, title=args.model.name))
+    if bad_reports:
+        whys = bad_reports.values()
+        raise UsageError("; ".join(f"{why}; the report was not written" for why in whys))
+    return 0
+
+
+def _check_request(args: argparse.Namespace) -> dict[str, str]:
+    """Refuse a bad command line before any work; returns the reports to skip, flag: why.
+
+    A report path that cannot be written is a warning when the model is saved (the user may
+    want the model more than the report; the command still exits 2 at the end), and an error
+    when there is nothing else to write.
+
+    Raises:
+        UsageError: If `-o` cannot be written, an option needs `-o`, or (without `-o`) a
+            report path cannot be written.
+    """
+    check_writable("-o", args.output)
+    if args.output is None:
+        given = [flag for flag, value in _SAVE_OPTIONS.items() if getattr(args, value)]
+        if given:
+            raise UsageError(f"{', '.join(given)}: only for the saved model; add -o PATH")
+    if args.opset is not None:
+        _output_opset(args.opset, None)
+    skipped: dict[str, str] = {}
+    for flag, path in (("--report-json", args.report_json), ("--html", args.html)):
+        problem = unwritable(path) if path is not None else None
+        if problem and args.output is None:
+            raise UsageError(f"{flag} {path}: {problem}")
+        if problem:
+            why = f"{flag} {path}: {problem}"
+            print(
+                f"knopt optimize: warning: {why}; the model will be saved but not this report",
+                file=sys.stderr,
+            )
+            skipped[flag] = why
+    return skipped
+
+
+# Options of the saved model, by flag: they mean nothing without -o.
+_SAVE_OPTIONS = {"--opset": "opset", "--kernels": "kernels", "--target": "target"}
+
+
+def _output_opset(requested: int | None, model_opset: int | None) -> int:
+    """The opset to save at: the one requested, else the model's (at least MIN_OPSET).
+
+    Raises:
+        UsageError: If the requested opset is one knopt cannot write.
+    """
+    newest = onnx.defs.onnx_opset_version()
+    if requested is None:
+        return min(max(MIN_OPSET, model_opset or MIN_OPSET), newest)
+    if not MIN_OPSET <= requested <= newest:
+        why = f" (the model's is {model_opset})" if model_opset is not None else ""
+        raise UsageError(
+            f"--opset {requested}: knopt writes opsets {MIN_OPSET} to {newest}{why}; choose "
+            "one in that range"
+        )
+    return requested
+
+
+def _summary(args: argparse.Namespace, report: OptimizeReport) -> str:
+    """One line: node counts, kernels, estimated cost and time, and what was saved."""
     onnx_nodes = f"{report.onnx_nodes_before} ONNX nodes"
     if report.onnx_nodes_after is not None:
         onnx_nodes = f"{report.onnx_nodes_before} -> {report.onnx_nodes_after} ONNX nodes"
@@ -141,33 +227,16 @@ def run(args: argparse.Namespace) -> int:
     )
     if report.stopped_by:
         summary += f"; saturation stopped by the {report.stopped_by}"
-    print(summary + (f"; wrote {args.output}" if args.output else ""), file=sys.stderr)
-    if html_problem:
-        raise UsageError(f"--html {args.html}: {html_problem}; the report was not written")
-    if args.html:
-        _write_html(args.html, to_html(result, title=args.model.name))
-    return 0
+    return summary + (f"; wrote {args.output}" if args.output else "; nothing saved (no -o)")
 
 
-def _unwritable(path: Path) -> str | None:
-    """Why `path` cannot be written (a folder, a missing or read-only folder), or None."""
-    folder = path.parent
-    if path.is_dir():
-        return "is a folder; give a file name"
-    if not folder.is_dir():
-        return f"folder {folder} does not exist"
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        return "not writable; choose another path"
-    return None
-
-
-def _write_html(path: Path, page: str) -> None:
-    """Write the HTML report.
+def _write_report(path: Path, flag: str, text: str) -> None:
+    """Write a report file.
 
     Raises:
-        KnoptError: If the file cannot be written.
+        KnoptError: If the file cannot be written after all (the disk filled up, say).
     """
     try:
-        path.write_text(page, encoding="utf-8")
+        path.write_text(text + ("" if text.endswith("\n") else "\n"), encoding="utf-8")
     except OSError as err:
-        raise KnoptError(f"--html {path}: {err.strerror or err}") from err
+        raise KnoptError(f"{flag} {path}: {err.strerror or err}") from err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import networkx as nx
 import onnx
 
 from knopt.errors import InvalidModelError, UnsupportedModelError
@@ -67,30 +68,25 @@ def _depth(profile: _Profile, depths: Mapping[_Key, int]) -> int:
 
 
 def _depths(profiles: Mapping[_Key, _Profile]) -> dict[_Key, int]:
-    """The nesting depth of each function's body, callees first (an iterative search).
+    """The nesting depth of each function's body, callees first.
 
     Raises:
         InvalidModelError: If a function calls itself, directly or through others.
     """
-    depths: dict[_Key, int] = {}
-    for root in profiles:
-        path: list[_Key] = []
-        stack: list[tuple[_Key, bool]] = [(root, False)]
-        while stack:
-            key, done = stack.pop()
-            if done:
-                path.pop()
-                depths[key] = _depth(profiles[key], depths)
-                continue
-            if key in depths:
-                continue
-            if key in path:
-                cycle = " -> ".join(_name(k) for k in [*path[path.index(key) :], key])
-                raise InvalidModelError(
-                    f"model-local function '{_name(key)}' calls itself ({cycle}); ONNX "
-                    "functions cannot be recursive"
-                )
-            path.append(key)
-            stack.append((key, True))
-            stack.extend((callee, False) for callee, _ in profiles[key][1])
-    return depths
+    calls = nx.DiGraph()
+    calls.add_nodes_from(profiles)
+    calls.add_edges_from(
+        (key, callee) for key, (_, called) in profiles.items() for callee, _ in called
+    )
+    try:
+        cycle = [caller for caller, _ in nx.find_cycle(calls)]
+    except nx.NetworkXNoCycle:
+        depths: dict[_Key, int] = {}
+        for key in reversed(list(nx.topological_sort(calls))):
+            depths[key] = _depth(profiles[key], depths)
+        return depths
+    path = " -> ".join(_name(k) for k in [*cycle, cycle[0]])
+    raise InvalidModelError(
+        f"model-local function '{_name(cycle[0])}' calls itself ({path}); ONNX "
+        "functions cannot be recursive"
+    )

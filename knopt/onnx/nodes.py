@@ -14,7 +14,7 @@ from knopt.ir.dtype import DType
 from knopt.onnx.context import Attributes, ImportContext, Known, OnnxValue, find_importer
 from knopt.onnx.data import tensor_array
 from knopt.onnx.fold import fold_node
-from knopt.onnx.order import undefined_input_error
+from knopt.onnx.order import in_topological_order, undefined_input_error
 
 
 def inline_function(
@@ -82,13 +82,13 @@ def initializer_value(tensor: onnx.TensorProto) -> Known:
 
 
 def import_nodes(ctx: ImportContext, nodes: list[onnx.NodeProto]) -> None:
-    """Import nodes in order into `ctx`, binding their outputs in `ctx.env`.
+    """Import nodes into `ctx` in topological order, binding their outputs in `ctx.env`.
 
     Raises:
-        InvalidGraphError: If a node reads a value not defined before it, or defines one that
-            is defined already (in its graph or an enclosing one).
+        InvalidGraphError: If a node reads a value that nothing defines (or only a cycle does),
+            or defines one that is defined already (in its graph or an enclosing one).
     """
-    for index, node in enumerate(nodes):
+    for index, node in enumerate(in_topological_order(nodes, ctx.env)):
         ctx.where = f"node '{node.name or f'#{index}'}' ({node.op_type})"
         ctx.builder.current_name = node.name or f"{node.op_type}_{index}"
         for name in node.input:

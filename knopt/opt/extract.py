@@ -408,7 +408,7 @@ def extract(
     *,
     seconds: float = 10.0,
     ilp_max_nodes: int = 4000,
-    ilp_seconds: float = 5.0,
+    ilp_seconds: float = 30.0,
 ) -> Extraction:
     """Choose the cheapest program for `roots`.
 
@@ -419,7 +419,8 @@ def extract(
         ir_nodes: Each original IR node's class and e-node (the original program).
         seconds: Time for local search.
         ilp_max_nodes: Run the ILP only on e-graphs with at most this many nodes (0: never).
-        ilp_seconds: Time limit of the ILP.
+        ilp_seconds: A safety net for the ILP: its work bound (`knopt.opt.ilp.MAX_BRANCH_NODES`)
+            ends a normal solve well before, and an answer this limit cuts short is dropped.
 
     Raises:
         OptimizeError: If no acyclic choice reaches the roots (a knopt bug).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +43,16 @@ class OptimizeResult:
     group_kinds: dict[int, str] = field(default_factory=dict)  # kernel key -> kernel kind
     original: Graph | None = field(default=None, repr=False)
 
+    def __repr__(self) -> str:
+        # The dataclass's own repr would print every weight of the graph.
+        r = self.report
+        kernels = f"{r.kernels} kernel{'' if r.kernels == 1 else 's'}"
+        return (
+            f"<OptimizeResult {r.nodes_before} -> {r.nodes_after} IR nodes, {kernels}, "
+            f"estimated {r.cost_before * 1e6:.1f} -> {r.cost_after * 1e6:.1f} us "
+            f"({r.profile})>"
+        )
+
 
 @dataclass
 class _Phase:
@@ -64,13 +74,17 @@ def _run_phase(
     limits: Limits,
     ilp: bool,
     sizes: Mapping[str, int],
+    progress: Callable[[str], None],
 ) -> _Phase:
     began = time.perf_counter()
+    name = ("algebra", "kernels")[phase]
+    progress(f"{name}: saturating {len(graph.nodes)} nodes")
     saturation = saturate(graph, extra, limits, phase=phase)
     data = saturation.data
     roots = [saturation.ir_nodes[graph.nodes.index(v.producer)][0] for v in graph.outputs]
     model = CostModel(data, device, symbols=symbol_values(saturation.tables, sizes, device))
     extracted = time.perf_counter()
+    progress(f"{name}: extracting from {saturation.egraph_nodes} e-nodes")
     extraction = extract(
         data, roots, model.node_cost, saturation.ir_nodes, ilp_max_nodes=4000 if ilp else 0
     )
@@ -78,6 +92,10 @@ def _run_phase(
     rebuilt = rebuild_graph(data, saturation.tables, extraction.choice, roots, graph)
     validate(rebuilt.graph)
     return _Phase(saturation, extraction, rebuilt, model, roots, time.perf_counter() - began)
+
+
+def _silent(line: str) -> None:
+    """A progress callback that shows nothing."""
 
 
 def optimize(
@@ -88,6 +106,7 @@ def optimize(
     limits: Limits = DEFAULT_LIMITS,
     ilp: bool = True,
     sizes: Mapping[str, int] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> OptimizeResult:
     """Optimize `graph` by equality saturation and cost-based extraction.
 
@@ -105,6 +124,8 @@ def optimize(
         sizes: The representative value of named symbolic sizes, at which kernels are costed
             (such as the "opt" sizes of a profile); a size not given counts the device
             profile's `symbol_size`.
+        progress: Called with a short line as each phase starts (saturation, extraction),
+            for a status display.
 
     Raises:
         RuleFileError: If a rule file is malformed.
@@ -115,9 +136,9 @@ def optimize(
     extra = [r if isinstance(r, RuleFile) else read_rule_file(r) for r in rules]
     sizes = dict(sizes or {})
     with _collector_paused():
-        algebra = _run_phase(graph, 0, extra, device, limits, ilp, sizes)
+        algebra = _run_phase(graph, 0, extra, device, limits, ilp, sizes, progress or _silent)
         first = algebra.rebuilt.graph
-        kernels = _run_phase(first, 1, extra, device, limits, ilp, sizes)
+        kernels = _run_phase(first, 1, extra, device, limits, ilp, sizes, progress or _silent)
     optimized = kernels.rebuilt.graph
     # Original node names: through phase 1's classes to its graph, then through phase 2's.
     origin = _origins(graph, algebra)
