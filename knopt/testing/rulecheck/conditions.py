@@ -71,6 +71,8 @@ class Checker:
             if len(waiting) == len(pending):
                 break
             pending = waiting
+        if self._repairer.reshaped:  # the values were computed from the old shape
+            repairs.values.clear()
         return repairs
 
     def _read_back(
