@@ -39,7 +39,5 @@ def instantiate(book: Rulebook, pattern: Pattern, seed: int, rounds: int = 8) ->
             return None
         if not (repairs.values or repairs.shapes or repairs.dtypes):
             return graph
-        forced.values.update(repairs.values)
-        forced.shapes.update(repairs.shapes)
-        forced.dtypes.update(repairs.dtypes)
+        forced.update(repairs)
     return None

@@ -66,7 +66,7 @@ class Repairer:
                         return True
                     if solved is not None:
                         repairs.values[solved[0]] = solved[1]
-                        self._pin(b, repairs)
+                        repairs.reads[solved[0]] = self._pin(b, repairs)
                         return True
             if name in self._base:
                 return self._pick_row(guard, evaluator, repairs)
@@ -127,16 +127,18 @@ class Repairer:
         repairs.shapes[leaf] = shape
         self.reshaped = True
 
-    def _pin(self, expr: Expr, repairs: Forced) -> None:
-        """Keep the shapes of the leaves that `expr` reads as they are.
+    def _pin(self, expr: Expr, repairs: Forced) -> set[str]:
+        """Keep the shapes of the leaves that `expr` reads as they are; those leaves.
 
         A value computed from them was forced, and a new proposal of theirs would not fit it.
         """
         stack, seen = [expr], set()
+        leaves: set[str] = set()
         while stack:
             current = stack.pop()
             leaf = self._leaf_shaped(current)
             if leaf is not None and leaf in self.draft.values:
+                leaves.add(leaf)
                 shape = self.draft.values[leaf].shape
                 if all(isinstance(d, int) for d in shape):
                     repairs.shapes.setdefault(leaf, shape)
@@ -146,6 +148,7 @@ class Repairer:
                     stack.append(self._defined[current.name])
             elif isinstance(current, tuple):
                 stack.extend(current[1:])
+        return leaves
 
     def _make_symbolic(self, expr: Expr, evaluator: Evaluator, repairs: Forced) -> bool:
         """Repair `(< E 0)` by making a size symbolic (sizes are negative only when symbolic).
