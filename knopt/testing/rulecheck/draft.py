@@ -33,21 +33,12 @@ class Forced:
     values: dict[str, Any] = field(default_factory=dict)
     shapes: dict[str, tuple[Dim, ...]] = field(default_factory=dict)  # of leaves, maybe symbolic
     dtypes: dict[str, str] = field(default_factory=dict)
-    reads: dict[str, set[str]] = field(default_factory=dict)  # the leaves a value was read from
 
     def update(self, repairs: Forced) -> None:
-        """Add `repairs`; values read from a leaf whose shape they change are dropped."""
-        for leaf, shape in repairs.shapes.items():
-            if self.shapes.get(leaf, shape) == shape:
-                continue
-            stale = [v for v, leaves in self.reads.items() if leaf in leaves]
-            for var in stale:
-                self.values.pop(var, None)
-                self.reads.pop(var)
+        """Add `repairs`."""
         self.values.update(repairs.values)
         self.shapes.update(repairs.shapes)
         self.dtypes.update(repairs.dtypes)
-        self.reads.update(repairs.reads)
 
 
 class Draft:

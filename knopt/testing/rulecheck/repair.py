@@ -34,7 +34,7 @@ class Repairer:
             for s, x in equations(draft.pattern.guards, "shape")
             if x not in draft.pattern.bindings
         }
-        self._reranked: dict[int, tuple[Dim, ...]] = {}  # the shapes leaves were given ranks
+        self._sizes: list[Dim] = []  # the leading sizes of leaves given a rank
         self.reshaped = False  # a leaf's shape was repaired: values read from it are stale
         self._defined = {  # what conditions `(= v E)` define variables as
             g[1].name: g[2]
@@ -66,7 +66,7 @@ class Repairer:
                         return True
                     if solved is not None:
                         repairs.values[solved[0]] = solved[1]
-                        repairs.reads[solved[0]] = self._pin(b, repairs)
+                        self._pin(b, repairs)
                         return True
             if name in self._base:
                 return self._pick_row(guard, evaluator, repairs)
@@ -114,12 +114,13 @@ class Repairer:
         leaf = self._leaf_shaped(expr[1])
         if leaf is None or leaf not in self.draft.values or not 0 <= rank <= 6:
             return False
-        if rank not in self._reranked:  # leaves given one rank share sizes, as operands do
-            shape = list(self.draft.values[leaf].shape)
-            while len(shape) < rank:
-                shape.insert(0, self.draft.sampling.dim())
-            self._reranked[rank] = tuple(shape[len(shape) - rank :])
-        self._reshape(leaf, self._reranked[rank], repairs)
+        if not self._sizes:  # leaves given a rank share leading sizes, as operands do
+            for other in self._shape_of.values():
+                shape = list(self.draft.values[other].shape) if other in self.draft.values else []
+                self._sizes = shape if len(shape) > len(self._sizes) else self._sizes
+        while len(self._sizes) < rank:
+            self._sizes.append(self.draft.sampling.dim())
+        self._reshape(leaf, tuple(self._sizes[:rank]), repairs)
         return True
 
     def _reshape(self, leaf: str, shape: tuple[Dim, ...], repairs: Forced) -> None:
@@ -127,18 +128,16 @@ class Repairer:
         repairs.shapes[leaf] = shape
         self.reshaped = True
 
-    def _pin(self, expr: Expr, repairs: Forced) -> set[str]:
-        """Keep the shapes of the leaves that `expr` reads as they are; those leaves.
+    def _pin(self, expr: Expr, repairs: Forced) -> None:
+        """Keep the shapes of the leaves that `expr` reads as they are.
 
         A value computed from them was forced, and a new proposal of theirs would not fit it.
         """
         stack, seen = [expr], set()
-        leaves: set[str] = set()
         while stack:
             current = stack.pop()
             leaf = self._leaf_shaped(current)
             if leaf is not None and leaf in self.draft.values:
-                leaves.add(leaf)
                 shape = self.draft.values[leaf].shape
                 if all(isinstance(d, int) for d in shape):
                     repairs.shapes.setdefault(leaf, shape)
@@ -148,7 +147,6 @@ class Repairer:
                     stack.append(self._defined[current.name])
             elif isinstance(current, tuple):
                 stack.extend(current[1:])
-        return leaves
 
     def _make_symbolic(self, expr: Expr, evaluator: Evaluator, repairs: Forced) -> bool:
         """Repair `(< E 0)` by making a size symbolic (sizes are negative only when symbolic).
