@@ -25,6 +25,7 @@ _SAME_AS_OPERAND = frozenset({"View", "Broadcast", "Permute", "Slice", "Flip", "
 _TO_BOOL = frozenset(
     {"LESS", "GREATER", "EQUAL", "LESS_EQUAL", "GREATER_EQUAL", "IS_NAN", "IS_INF"}
 )
+_PRODUCTS = frozenset({"MatMul", "Conv"})  # float products: operands of the result's type
 _TYPE_POSITION = {"Splat": 2, "Input": 2, "Constant": 2, "Cast": 1}  # where a leaf's type is
 
 
@@ -78,6 +79,9 @@ def _classes(pattern: Pattern) -> _Classes:
         operands = [a for a in call.args if isinstance(a, Sym) and sorts.get(a.name) == "T"]
         if call.name in _SAME_AS_OPERAND and operands:
             classes.union(mine, ("T", operands[0].name))
+        elif call.name in _PRODUCTS:
+            for operand in operands[:2]:
+                classes.union(mine, ("T", operand.name))
         elif call.name == "BinaryOp" and len(operands) == 2:
             classes.union(("T", operands[0].name), ("T", operands[1].name))
             if call.args[0] not in _TO_BOOL:

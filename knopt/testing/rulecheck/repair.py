@@ -34,6 +34,15 @@ class Repairer:
             for s, x in equations(draft.pattern.guards, "shape")
             if x not in draft.pattern.bindings
         }
+        attributes = {
+            a.name
+            for call in draft.pattern.bindings.values()
+            for a in call.args
+            if isinstance(a, Sym)
+        }
+        self._aliases = {  # shape variables that name nothing else: solved, they reshape a leaf
+            s: x for s, x in self._shape_of.items() if s not in attributes
+        }
         self._sizes: list[Dim] = []  # the leading sizes of leaves given a rank
         self.reshaped = False  # a leaf's shape was repaired: values read from it are stale
         self._defined = {  # what conditions `(= v E)` define variables as
@@ -61,8 +70,8 @@ class Repairer:
                     if self._rank(a, evaluator.value(b), repairs):
                         return True
                     solved = self._solve(a, evaluator.value(b), evaluator)
-                    if solved is not None and solved[0] in self._shape_of:
-                        self._reshape(self._shape_of[solved[0]], solved[1], repairs)
+                    if solved is not None and solved[0] in self._aliases:
+                        self._reshape(self._aliases[solved[0]], solved[1], repairs)
                         return True
                     if solved is not None:
                         repairs.values[solved[0]] = solved[1]
@@ -211,12 +220,13 @@ class Repairer:
         name = head(expr)
         if not isinstance(expr, tuple) or name not in ("*", "+", "-", "/", "to-f64", "vec-get"):
             return None
-        if name == "vec-get":  # one size of a vector: the vector with that size set
+        if name == "vec-get":  # one element of a vector: the vector with that element set
             vector, index = expr[1], evaluator.value(expr[2])
             value = evaluator.value(vector)
             if not isinstance(value, tuple) or not 0 <= index < len(value):
                 return None
-            return self._solve(vector, (*value[:index], target, *value[index + 1 :]), evaluator)
+            changed = _with_element(value, index, target)
+            return None if changed is None else self._solve(vector, changed, evaluator)
         if name == "to-f64":
             return self._solve(expr[1], round(target), evaluator)
         a, b = expr[1], expr[2]
@@ -230,6 +240,16 @@ class Repairer:
             if solved is not None:  # else the other operand may be the variable
                 return solved
         return None
+
+
+def _with_element(vector: tuple[Any, ...], index: int, value: Any) -> tuple[Any, ...] | None:
+    """`vector` with `value` at `index`; None for a permutation.
+
+    The sizes a permutation moved would no longer fit: drawing again does better.
+    """
+    if sorted(vector) == list(range(len(vector))):
+        return None
+    return (*vector[:index], value, *vector[index + 1 :])
 
 
 def _inverse(name: str | None, target: Any, k: Any, first: bool) -> Any:
