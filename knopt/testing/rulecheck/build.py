@@ -176,6 +176,15 @@ class Proposer:
             ok, value = self.known(call.args[_SHAPED[call.name]])
             return tuple(value) if ok and isinstance(value, tuple) else None
         kids = self.draft.children(var)
+        if call.name == "Permute":
+            ok, perm = self.known(call.args[1])
+            inner = self.implied(kids[0], seen)
+            if not ok or inner is None or sorted(perm) != list(range(len(inner))):
+                return None
+            return tuple(inner[p] for p in perm)
+        if call.name == "MatMul":
+            a, w = (self.implied(k, seen) for k in kids)
+            return None if a is None or w is None else (*a[:-1], w[-1])
         if call.name in _SAME_SHAPE:
             return next((s for k in kids if (s := self.implied(k, seen)) is not None), None)
         if call.name == "Concat":
@@ -189,14 +198,36 @@ class Proposer:
             return (*known[0][:axis], sum(p[axis] for p in known), *known[0][axis + 1 :])
         return None
 
+    def product_shape(self, var: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """`shape`, or for a matmul whose right operand's shape is implied, one that fits it."""
+        call = self.draft.pattern.bindings.get(var)
+        if call is None or call.name != "MatMul":
+            return shape
+        w = self.implied(self.draft.children(var)[1])
+        if w is None or len(w) < 2:
+            return shape
+        lead = list(shape[:-1])
+        while len(lead) < len(w) - 1:
+            lead.insert(0, self.draft.sampling.dim())
+        return (*w[:-2], lead[-1], w[-1])
+
     def settle(self, var: str, child_hints: dict[int, Hint | list[Hint]]) -> None:
-        """Give operands whose shape is implied below them that shape (see `implied`)."""
+        """Give operands whose shape is implied below them that shape (see `implied`).
+
+        A matmul's left operand then takes the summed size of its right one.
+        """
         for i, arg in self.draft.tensor_args(var):
             wanted = child_hints.get(i)
             if isinstance(wanted, Hint) and isinstance(arg, Sym):
                 shape = self.implied(arg.name)
                 if shape is not None and shape != wanted.shape:
                     child_hints[i] = Hint(shape, wanted.dtype, wanted.bound)
+        call = self.draft.pattern.bindings.get(var)
+        a, w = child_hints.get(0), child_hints.get(1)
+        if call is None or call.name != "MatMul":
+            return
+        if isinstance(a, Hint) and isinstance(w, Hint) and min(len(a.shape), len(w.shape)) >= 2:
+            child_hints[0] = Hint((*a.shape[:-1], w.shape[-2]), a.dtype, a.bound)
 
     def depths(self, root: str) -> dict[str, int]:
         """How many bindings down from `root` each variable below it is first reached."""
@@ -240,8 +271,8 @@ class Proposer:
             below = self.below(root)
             hint = next((h for seen, h in reached if seen & below), None)
             if hint is None:
-                shape = self.draft.sampling.shape()
-                hint = Hint(self.implied(root) or shape, self.draft.sampling.dtype())
+                shape = self.implied(root) or self.product_shape(root, self.draft.sampling.shape())
+                hint = Hint(shape, self.draft.sampling.dtype())
             reached.append((below, hint))
             self.visit(root, hint)
 
