@@ -71,6 +71,8 @@ class Repairer:
                         return True
                     solved = self._solve(a, evaluator.value(b), evaluator)
                     if solved is not None and solved[0] in self._aliases:
+                        if not _is_shape(solved[1]):
+                            continue
                         self._reshape(self._aliases[solved[0]], solved[1], repairs)
                         return True
                     if solved is not None:
@@ -240,6 +242,11 @@ class Repairer:
             if solved is not None:  # else the other operand may be the variable
                 return solved
         return None
+
+
+def _is_shape(value: Any) -> bool:
+    """Whether `value` can be a leaf's static shape: positive integer sizes."""
+    return isinstance(value, tuple) and all(isinstance(d, int) and d >= 1 for d in value)
 
 
 def _with_element(vector: tuple[Any, ...], index: int, value: Any) -> tuple[Any, ...] | None:
