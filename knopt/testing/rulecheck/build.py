@@ -302,6 +302,8 @@ class Builder:
         constant = var in draft.constants or vector in draft.constants
         kind = call.name if call is not None else ("Constant" if constant else "Input")
         if kind == "Input":
+            if any(isinstance(d, int) and d < 0 for d in shape):
+                raise InvalidGraphError(f"input shape {shape} has a negative size")
             draft.inputs += 1
             return draft.builder.input(f"in{draft.inputs}", shape, dtype)
         if kind == "Splat" or (kind == "Constant" and call is None and draft.sampling.boolean(0.2)):
