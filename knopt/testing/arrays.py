@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from knopt.errors import InputError
@@ -70,7 +71,7 @@ def limit_array(rng: np.random.Generator, shape: Sequence[int], dtype: DType) ->
     """
     if not dtype.is_int:
         raise ValueError(f"{dtype.name} is no integer type")
-    info = np.iinfo(dtype.numpy)
+    info = ml_dtypes.iinfo(dtype.numpy)  # numpy's iinfo knows no 4-bit integers
     lo, hi = int(info.min), int(info.max)
     root = math.isqrt(hi) + 1
     near = {lo, lo + 1, hi - 1, hi, hi // 2 + 1, root, -root, lo // 2 - 1, -(hi // 2 + 1)}

@@ -9,10 +9,12 @@ attributes and the types of its tensor arguments, from the type its result shoul
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
+from knopt.errors import InvalidGraphError
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Value
 from knopt.ir.shape import Dim, sym
@@ -24,6 +26,9 @@ from knopt.testing.rulecheck.sampler import DERIVED, SAMPLERS, Hint
 from knopt.testing.rulecheck.sexpr import Sym
 
 _SAME_TYPE = frozenset({"BinaryOp", "Where"})  # operands of one shape (and mostly one dtype)
+_SAME_SHAPE = frozenset({"BinaryOp", "UnaryOp", "Cast", "Clamp", "Where"})  # operand shapes
+# Ops whose result shape is an attribute, and where.
+_SHAPED = {"View": 1, "Broadcast": 1, "Input": 1, "Constant": 1, "Splat": 1}
 _INDEXED = {"Gather": 2, "Scatter": 3}  # ops with an index operand, and where their axis is
 _TRIES = 16  # proposals drawn for an op whose operand is typed already, until one fits
 
@@ -75,6 +80,7 @@ class Proposer:
             if self.fits(var, child_hints):
                 break
             attrs, child_hints = SAMPLERS[call.name](self.draft.sampling, hint, fixed)
+        self.settle(var, child_hints)
         self.draft.attrs[var] = attrs
         for i, value in attrs.items():
             arg = call.args[i]
@@ -92,7 +98,11 @@ class Proposer:
                         arg.name, [f"{arg.name}#{k}" for k in range(len(wanted))]
                     )
                 )
-                for name, part in zip(names, wanted, strict=False):
+                if len(names) != len(wanted):
+                    raise InvalidGraphError(
+                        f"{len(wanted)} parts proposed for a concat of {len(names)} named ones"
+                    )
+                for name, part in zip(names, wanted, strict=True):
                     self.visit(name, part)
             else:
                 self.visit(arg.name, wanted)
@@ -105,7 +115,32 @@ class Proposer:
                 known = self.draft.hints.get(arg.name)
                 if known is not None and (known.shape, known.dtype) != (wanted.shape, wanted.dtype):
                     return False
+                if known is None and self.clashes(arg.name, wanted.shape):
+                    return False
         return True
+
+    def clashes(self, var: str, shape: tuple[int, ...]) -> bool:
+        """Whether an untyped `var` of `shape` would clash with an operand typed already.
+
+        Elementwise ops keep the shape, so a nibble mask `(p & 15)` proposed a shape clashes
+        with `p` typed by another view of it.
+        """
+        stack = [var]
+        while stack:
+            current = stack.pop()
+            known = self.draft.hints.get(current)
+            if known is not None:
+                if known.shape != shape:
+                    return True
+                continue
+            call = self.draft.pattern.bindings.get(current)
+            if call is not None and call.name in _SAME_SHAPE:
+                stack.extend(self.draft.children(current))
+            elif call is not None and call.name == "View":  # a view keeps the element count
+                inner = self.implied(self.draft.children(current)[0])
+                if inner is not None and math.prod(inner) != math.prod(shape):
+                    return True
+        return False
 
     def below(self, var: str) -> set[str]:
         """`var` and every variable its bindings reach."""
@@ -118,6 +153,113 @@ class Proposer:
                 stack.extend(self.draft.children(current))
         return found
 
+    def implied(self, var: str, seen: frozenset[str] = frozenset()) -> tuple[int, ...] | None:
+        """The shape `var` must have by what is fixed below it, if that says.
+
+        A view's or a leaf's shape attribute fixed already (by a repair), a leaf's forced
+        shape, an elementwise op's operand's, a concat of such parts along a fixed axis.
+        """
+        if var in seen:
+            return None
+        seen = seen | {var}
+        hint = self.draft.hints.get(var)
+        if hint is not None:
+            return hint.shape
+        if var in self.draft.forced.shapes:
+            forced = self.draft.forced.shapes[var]
+            sizes = tuple(d for d in forced if isinstance(d, int))
+            return sizes if len(sizes) == len(forced) else None
+        call = self.draft.pattern.bindings.get(var)
+        if call is None:
+            return None
+        if call.name in _SHAPED:
+            ok, value = self.known(call.args[_SHAPED[call.name]])
+            return tuple(value) if ok and isinstance(value, tuple) else None
+        kids = self.draft.children(var)
+        if call.name == "Permute":
+            ok, perm = self.known(call.args[1])
+            inner = self.implied(kids[0], seen)
+            if not ok or inner is None or sorted(perm) != list(range(len(inner))):
+                return None
+            return tuple(inner[p] for p in perm)
+        if call.name == "MatMul":
+            a, w = (self.implied(k, seen) for k in kids)
+            return None if a is None or w is None else (*a[:-1], w[-1])
+        if call.name in _SAME_SHAPE:
+            return next((s for k in kids if (s := self.implied(k, seen)) is not None), None)
+        if call.name == "Concat":
+            ok, axis = self.known(call.args[1])
+            parts = [self.implied(k, seen) for k in kids]
+            known = [p for p in parts if p is not None]
+            if not ok or not isinstance(axis, int) or not known or len(known) < len(parts):
+                return None
+            if not all(0 <= axis < len(p) for p in known):
+                return None
+            return (*known[0][:axis], sum(p[axis] for p in known), *known[0][axis + 1 :])
+        return None
+
+    def product_shape(self, var: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """`shape`, or for a matmul whose right operand's shape is implied, one that fits it."""
+        call = self.draft.pattern.bindings.get(var)
+        if call is None or call.name != "MatMul":
+            return shape
+        w = self.implied(self.draft.children(var)[1])
+        if w is None or len(w) < 2:
+            return shape
+        lead = list(shape[:-1])
+        while len(lead) < len(w) - 1:
+            lead.insert(0, self.draft.sampling.dim())
+        return (*w[:-2], lead[-1], w[-1])
+
+    def settle(self, var: str, child_hints: dict[int, Hint | list[Hint]]) -> None:
+        """Give operands whose shape is implied below them that shape (see `implied`).
+
+        A matmul's left operand then takes the summed size of its right one.
+        """
+        for i, arg in self.draft.tensor_args(var):
+            wanted = child_hints.get(i)
+            if isinstance(wanted, Hint) and isinstance(arg, Sym):
+                shape = self.implied(arg.name)
+                if shape is not None and shape != wanted.shape:
+                    child_hints[i] = Hint(shape, wanted.dtype, wanted.bound)
+        call = self.draft.pattern.bindings.get(var)
+        a, w = child_hints.get(0), child_hints.get(1)
+        if call is None or call.name != "MatMul":
+            return
+        if isinstance(a, Hint) and isinstance(w, Hint) and min(len(a.shape), len(w.shape)) >= 2:
+            child_hints[0] = Hint((*a.shape[:-1], w.shape[-2]), a.dtype, a.bound)
+
+    def depths(self, root: str) -> dict[str, int]:
+        """How many bindings down from `root` each variable below it is first reached."""
+        found = {root: 0}
+        queue = [root]
+        while queue:
+            current = queue.pop(0)
+            for kid in self.draft.children(current):
+                if kid not in found:
+                    found[kid] = found[current] + 1
+                    queue.append(kid)
+        return found
+
+    def ordered_roots(self) -> list[str]:
+        """The roots, those closest to an operand they share with another root first.
+
+        The closer root types the shared operand most directly; the other reaches it through
+        more ops (a broadcast of a scale), whose proposals are retried until they fit.
+        """
+        roots = self.draft.roots()
+        depths = {root: self.depths(root) for root in roots}
+
+        def nearest(root: str) -> int:
+            shared = [
+                d
+                for var, d in depths[root].items()
+                if any(var in depths[other] for other in roots if other != root)
+            ]
+            return min(shared, default=0)
+
+        return sorted(roots, key=nearest)
+
     def sample(self) -> None:
         """Propose every root a random type, and everything below it from there.
 
@@ -125,11 +267,12 @@ class Proposer:
         take the type of the first such root, so that their proposals can agree on it.
         """
         reached: list[tuple[set[str], Hint]] = []
-        for root in self.draft.roots():
+        for root in self.ordered_roots():
             below = self.below(root)
             hint = next((h for seen, h in reached if seen & below), None)
             if hint is None:
-                hint = Hint(self.draft.sampling.shape(), self.draft.sampling.dtype())
+                shape = self.implied(root) or self.product_shape(root, self.draft.sampling.shape())
+                hint = Hint(shape, self.draft.sampling.dtype())
             reached.append((below, hint))
             self.visit(root, hint)
 
@@ -159,6 +302,8 @@ class Builder:
         constant = var in draft.constants or vector in draft.constants
         kind = call.name if call is not None else ("Constant" if constant else "Input")
         if kind == "Input":
+            if any(isinstance(d, int) and d < 0 for d in shape):
+                raise InvalidGraphError(f"input shape {shape} has a negative size")
             draft.inputs += 1
             return draft.builder.input(f"in{draft.inputs}", shape, dtype)
         if kind == "Splat" or (kind == "Constant" and call is None and draft.sampling.boolean(0.2)):

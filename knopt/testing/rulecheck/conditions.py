@@ -7,9 +7,11 @@ the conditions are evaluated in any order, each pass what it can; what fails is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from knopt.ir.graph import Graph, Value
+from knopt.ir.shape import Dim
 from knopt.opt.terms import TermTables, graph_commands
 from knopt.testing.rulecheck.draft import Draft, Forced
 from knopt.testing.rulecheck.evaluate import Evaluator, Unknown
@@ -51,8 +53,35 @@ class Checker:
             return None
 
         def codes(value: Value) -> tuple[tuple[int, ...], str]:
-            return tuple(tables.dim(d) for d in value.shape), value.dtype.name
+            shape = reshaped.get(id(value), value.shape)
+            return tuple(tables.dim(d) for d in shape), value.dtype.name
 
+        reshaped: dict[int, tuple[Dim, ...]] = {}
+        if not self._evaluate(dict(env), codes, repairs):
+            return None
+        if self._repairer.reshaped:
+            # The values were computed from the old shapes: compute them from the new ones.
+            repairs.values.clear()
+            reshaped.update(
+                (id(self.draft.values[leaf]), shape)
+                for leaf, shape in repairs.shapes.items()
+                if leaf in self.draft.values
+            )
+            self._repairer.reshaped = False
+            again = Forced(shapes=dict(repairs.shapes), dtypes=dict(repairs.dtypes))
+            if self._evaluate(dict(env), codes, again) and not self._repairer.reshaped:
+                repairs.values.update(again.values)
+                repairs.shapes.update(again.shapes)
+                repairs.dtypes.update(again.dtypes)
+        return repairs
+
+    def _evaluate(
+        self,
+        env: dict[str, Any],
+        codes: Callable[[Value], tuple[tuple[int, ...], str]],
+        repairs: Forced,
+    ) -> bool:
+        """Evaluate the conditions, recording repairs; False if one cannot hold."""
         evaluator = Evaluator(env, self.draft.values, codes, self._base)
         facts: list[Expr] = [
             (Sym(name), *(a if isinstance(a, Sym) else Lit(a) for a in args))
@@ -67,11 +96,11 @@ class Checker:
                 if outcome is None:
                     waiting.append(guard)
                 elif not outcome:
-                    return None
+                    return False
             if len(waiting) == len(pending):
                 break
             pending = waiting
-        return repairs
+        return True
 
     def _read_back(
         self, graph: Graph, tables: TermTables, repairs: Forced
@@ -131,4 +160,6 @@ class Checker:
                 return True
         except Unknown:
             return None
-        return self._repairer.repair(guard, evaluator, repairs)
+        repaired = self._repairer.repair(guard, evaluator, repairs)
+        env.update(repairs.values)  # the conditions that follow read the repaired values
+        return repaired

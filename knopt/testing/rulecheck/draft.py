@@ -21,7 +21,7 @@ from knopt.testing.choices import SeededChoices
 from knopt.testing.rulecheck.pattern import LEAVES, Pattern
 from knopt.testing.rulecheck.rulebook import Rulebook
 from knopt.testing.rulecheck.sampler import Hint, Sampling
-from knopt.testing.rulecheck.sexpr import Expr, Sym, head
+from knopt.testing.rulecheck.sexpr import Expr, Lit, Sym, head
 
 CONSTANT_FACTS = frozenset({"folds", "coef"})  # a leaf in one of these is made a constant
 
@@ -33,6 +33,12 @@ class Forced:
     values: dict[str, Any] = field(default_factory=dict)
     shapes: dict[str, tuple[Dim, ...]] = field(default_factory=dict)  # of leaves, maybe symbolic
     dtypes: dict[str, str] = field(default_factory=dict)
+
+    def update(self, repairs: Forced) -> None:
+        """Add `repairs`."""
+        self.values.update(repairs.values)
+        self.shapes.update(repairs.shapes)
+        self.dtypes.update(repairs.dtypes)
 
 
 class Draft:
@@ -54,7 +60,7 @@ class Draft:
         self.assign: dict[str, Any] = dict(forced.values)
         self.hints: dict[str, Hint] = {}
         self.attrs: dict[str, dict[int, Any]] = {}
-        self.parts: dict[str, list[str]] = {}  # a Concat's parts, when its TVec is a variable
+        self.parts = vector_parts(pattern)  # a Concat's parts, when its TVec is a variable
         self.values: dict[str, Value] = {}
         self.constants = {
             a.name
@@ -95,25 +101,41 @@ class Draft:
         """The tensor variables that are no other's operand: the instance's outputs."""
         sorts = self.pattern.sorts
         tensors = {v for v, s in sorts.items() if s == "T"}
-        used = {
-            c for v in self.pattern.bindings if sorts.get(v) == "T" for c in self.children_names(v)
-        }
+        used = {c for v in self.pattern.bindings if sorts.get(v) == "T" for c in self.children(v)}
         return sorted(tensors - used)
-
-    def children_names(self, var: str) -> list[str]:
-        """The variables of `var`'s operands as written (a vector variable as itself)."""
-        names: list[str] = []
-        for _, arg in self.tensor_args(var):
-            if isinstance(arg, tuple):
-                names.extend(a.name for a in arg)
-            else:
-                names.append(arg.name)
-        return names
 
     def is_leaf(self, var: str) -> bool:
         """Whether `var` is built as a leaf: an input or a constant."""
         call = self.pattern.bindings.get(var)
         return call is None or call.name in LEAVES
+
+
+def vector_parts(pattern: Pattern) -> dict[str, list[str]]:
+    """The parts of tensor vectors that conditions name one by one: `(= (vec-get xs 0) a)`.
+
+    Only vectors whose every part up to the last named one is named are split so.
+    """
+    named: dict[str, dict[int, str]] = {}
+    for guard in pattern.guards:
+        if head(guard) != "=" or not isinstance(guard, tuple):
+            continue
+        for got, part in ((guard[1], guard[2]), (guard[2], guard[1])):
+            if (
+                head(got) == "vec-get"
+                and isinstance(got, tuple)
+                and isinstance(got[1], Sym)
+                and pattern.sorts.get(got[1].name) == "TVec"
+                and isinstance(got[2], Lit)
+                and isinstance(got[2].value, int)
+                and isinstance(part, Sym)
+                and pattern.sorts.get(part.name) == "T"
+            ):
+                named.setdefault(got[1].name, {})[got[2].value] = part.name
+    return {
+        vector: [parts[i] for i in range(len(parts))]
+        for vector, parts in named.items()
+        if set(parts) == set(range(len(parts)))
+    }
 
 
 def equations(guards: Iterable[Expr], name: str) -> Iterator[tuple[str, str]]:

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 from knopt.errors import InvalidGraphError
 from knopt.ir.graph import Graph
+from knopt.testing.choices import SeededChoices
 from knopt.testing.rulecheck.build import Builder, Proposer
 from knopt.testing.rulecheck.conditions import Checker
-from knopt.testing.rulecheck.draft import Draft, Forced
+from knopt.testing.rulecheck.draft import Draft
+from knopt.testing.rulecheck.dtypes import forced_dtypes
 from knopt.testing.rulecheck.pattern import Pattern
+from knopt.testing.rulecheck.repair import base_facts
 from knopt.testing.rulecheck.rulebook import Rulebook
+from knopt.testing.rulecheck.sampler import Sampling
 
 
-def instantiate(book: Rulebook, pattern: Pattern, seed: int, rounds: int = 5) -> Graph | None:
+def instantiate(book: Rulebook, pattern: Pattern, seed: int, rounds: int = 8) -> Graph | None:
     """A graph whose outputs match the pattern's roots, or None if no attempt fitted."""
-    forced = Forced()
+    forced = forced_dtypes(book, pattern, base_facts(book), Sampling(SeededChoices(seed)))
     draw = seed * 101
     for _ in range(rounds):
         # The same draw after a repair (only the repaired values change), a new one after a
@@ -35,7 +39,5 @@ def instantiate(book: Rulebook, pattern: Pattern, seed: int, rounds: int = 5) ->
             return None
         if not (repairs.values or repairs.shapes or repairs.dtypes):
             return graph
-        forced.values.update(repairs.values)
-        forced.shapes.update(repairs.shapes)
-        forced.dtypes.update(repairs.dtypes)
+        forced.update(repairs)
     return None
