@@ -276,7 +276,7 @@ def test_static_batch_products_fuse_their_epilogues_and_match_onnxruntime(
     result = knopt.optimize(knopt.load(model), profile="h200", ilp=False)
     kinds = [str(k.kind) for k in result.program.launches()]
     assert kinds.count("int_matmul") == 2
-    assert len(kinds) <= 6, kinds
+    assert len(kinds) == 3, kinds
     magnitude = rng.uniform(0.125, 5.0, (2, 3, 768)).astype(np.float32)
     x = np.where(rng.random((2, 3, 768)) < 0.5, -magnitude, magnitude)
     (ours,) = knopt.compile(result.graph).run(None, {"x": x})
