@@ -19,7 +19,7 @@ from knopt.cpu.elementwise import NUMPY_UNARY
 from knopt.cpu.kernels import KERNELS, int4_weight, unpack_int4
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
-from knopt.ir.graph import Graph, Value
+from knopt.ir.graph import Graph, Node, Value
 from knopt.ir.kernel import KERNEL_CONSTRUCTORS, KernelKind
 from knopt.ir.op import Input, Iota, Sizes, TensorType, Unary
 from knopt.ir.shape import is_static, static_dims
@@ -46,7 +46,7 @@ class FactContext:
     unfolded: set[int]  # classes of original IR nodes that read a broadcast too large to fold
 
 
-def _large_broadcast(node: Any) -> bool:
+def _large_broadcast(node: Node) -> bool:
     dims = static_dims(node.output.shape)
     return isinstance(node.op, ops.Broadcast) and dims is not None and math.prod(dims) > FOLD_LIMIT
 
