@@ -1,8 +1,9 @@
-"""Per-op laws written once: the `fold-`, `varies-` and `leaf-` rules, made at load time.
+"""Per-op laws written once: the `fold-`, `varies-`, `runtime-` and `leaf-` rules, at load time.
 
 Some laws hold for every IR op alike: an op whose tensor arguments all fold, folds; an op that
-reads a varying tensor varies; an op that is not elementwise is read by loading it. Writing such
-a law once per constructor makes copies that drift, so each law here is a template, instantiated
+reads a varying tensor varies; an op that reads a tensor computed at run time is computed at
+run time; an op that is not elementwise is read by loading it. Writing such a law once per
+constructor makes copies that drift, so each law here is a template, instantiated
 for every IR constructor of `schema.egg` in its op group, in schema order. A shipped rule file
 asks for a law's rules with a marker line, `;; @generate fold`, which `expand_laws` replaces
 with them; `knopt check-rules --show-generated` prints what was generated.
@@ -151,6 +152,19 @@ def _varies(op: Constructor) -> list[str]:
     ]
 
 
+def _runtime(op: Constructor) -> list[str]:
+    roles = op.roles()
+    return [
+        _rule(
+            [f"(= e {op.term()})", f"(runtime {x})"],
+            "(runtime e)",
+            "fold",
+            f"runtime-{op.stem}" + (f"-{x}" if len(roles) > 1 else ""),
+        )
+        for x in roles
+    ]
+
+
 def _leaf(op: Constructor) -> list[str]:
     return [_rule([f"(= e {op.term()})"], "(leaf e)", "fusion-facts", f"leaf-{op.stem}")]
 
@@ -181,6 +195,12 @@ LAWS: dict[str, Law] = {
             _folds,
         ),
         Law("varies", "an op that reads a varying tensor varies", _computes, _varies),
+        Law(
+            "runtime",
+            "an op that reads a tensor computed at run time is computed at run time",
+            _computes,
+            _runtime,
+        ),
         Law(
             "leaf",
             "an op that is not elementwise (nor a constant, which folds) is read by loading it",

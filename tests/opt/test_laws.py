@@ -81,6 +81,17 @@ def test_every_tensor_argument_of_every_op_can_make_it_vary(
             assert f"(varies {role})" in _query(rules[name])
 
 
+def test_every_tensor_argument_of_every_op_can_make_it_run_at_run_time(
+    constructors: list[Constructor], rules: dict[str, Rule]
+) -> None:
+    for op in _computing(constructors):
+        roles = op.roles()
+        for role in roles:
+            name = f"runtime-{op.stem}" + (f"-{role}" if len(roles) > 1 else "")
+            assert f"(runtime {role})" in _query(rules[name])
+            assert rules[name].file == "fusion.egg"
+
+
 def test_every_op_but_elementwise_ones_and_constants_is_a_leaf(
     constructors: list[Constructor], rules: dict[str, Rule]
 ) -> None:

@@ -11,6 +11,8 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
+from knopt.errors import InvalidGraphError
+from knopt.ir.bind import bind_symbols
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.graph import Graph, Value
 from knopt.ir.op import Input
@@ -62,10 +64,25 @@ def draw_instances(
             graph: Graph | None = graph_from_seed(s, max_steps=4).graph
         else:
             graph = instantiate(book, pattern, s)
-        if graph is not None:
+        if graph is not None and _binds_at_two(graph):
             graphs.append(graph)
             deps |= pattern.deps
     return graphs, deps
+
+
+def _binds_at_two(graph: Graph) -> bool:
+    """Whether the graph is still valid with its symbolic sizes at 2, as the judge runs it.
+
+    A slice to 3 of a size that a repair made symbolic is not.
+    """
+    sizes = {name: 2 for name in graph.symbols()}
+    if not sizes:  # the judge binds nothing then
+        return True
+    try:
+        bind_symbols(graph, sizes)
+    except InvalidGraphError:
+        return False
+    return True
 
 
 def _threshold(rule: Rule) -> int:

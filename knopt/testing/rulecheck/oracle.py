@@ -19,7 +19,7 @@ from knopt.cpu.elementwise import NUMPY_UNARY
 from knopt.cpu.kernels import KERNELS, int4_weight, unpack_int4
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
-from knopt.ir.graph import Graph, Value
+from knopt.ir.graph import Graph, Node, Value
 from knopt.ir.kernel import KERNEL_CONSTRUCTORS, KernelKind
 from knopt.ir.op import Input, Iota, Sizes, TensorType, Unary
 from knopt.ir.shape import is_static, static_dims
@@ -30,6 +30,7 @@ from knopt.testing.rulecheck.facts import Fact
 from knopt.testing.rulecheck.values import ClassValues, Uncomputable
 
 ELEMENTWISE = frozenset(cls.__name__ for cls in ops.ELEMENTWISE_OPS)
+FOLD_LIMIT = 1 << 20  # elements of the largest tensor a growing op folds to (fold.egg `small`)
 LINEAR_BODY = frozenset({"SAcc", "SConst", "SLoad", "SBinary"})
 
 
@@ -42,13 +43,21 @@ class FactContext:
     tables: TermTables
     types: dict[int, TensorType]  # classes of original IR nodes
     varying: set[int]  # classes of original IR nodes that read a graph input
+    unfolded: set[int]  # classes of original IR nodes that read a broadcast too large to fold
+
+
+def _large_broadcast(node: Node) -> bool:
+    dims = static_dims(node.output.shape)
+    return isinstance(node.op, ops.Broadcast) and dims is not None and math.prod(dims) > FOLD_LIMIT
 
 
 def context(values: ClassValues, other: ClassValues, graph: Graph, ir_nodes: Any) -> FactContext:
     """The context for one e-graph, from the batch graph and where its nodes landed."""
     types: dict[int, TensorType] = {}
     varying: set[int] = set()
+    unfolded: set[int] = set()
     reads: set[Value] = set()
+    large: set[Value] = set()
     for node, (cls, _) in zip(graph.nodes, ir_nodes, strict=True):
         types.setdefault(cls, node.output.type)
         symbolic = (isinstance(node.op, Iota | Sizes) and not is_static(node.output.shape)) or (
@@ -57,7 +66,10 @@ def context(values: ClassValues, other: ClassValues, graph: Graph, ir_nodes: Any
         if isinstance(node.op, Input) or symbolic or any(v in reads for v in node.inputs):
             reads.add(node.output)
             varying.add(cls)
-    return FactContext(values, other, values.tables, types, varying)
+        if _large_broadcast(node) or any(v in large for v in node.inputs):
+            large.add(node.output)
+            unfolded.add(cls)
+    return FactContext(values, other, values.tables, types, varying, unfolded)
 
 
 def _type(ctx: FactContext, cls: int) -> TensorType:
@@ -108,7 +120,7 @@ def _small(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     if dims is None:
         return f"shape {shape} is symbolic, so not known to be small"
     count = math.prod(dims)
-    return None if count <= 1 << 20 else f"{count} elements is not small"
+    return None if count <= FOLD_LIMIT else f"{count} elements is not small"
 
 
 def _varies(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
@@ -326,9 +338,9 @@ def _merged_pair(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | N
 
 def _runtime(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     cls = args[0].id
-    if cls in ctx.varying or not is_static(_type(ctx, cls).shape):
+    if cls in ctx.varying or cls in ctx.unfolded or not is_static(_type(ctx, cls).shape):
         return None
-    return f"e-class {cls} reads no input and has a static shape"
+    return f"e-class {cls} reads no input nor a broadcast too large to fold, and is static"
 
 
 # ---- quantized arithmetic (rules/quantize.egg) ------------------------------------------------

@@ -92,6 +92,8 @@ class Repairer:
                 and guard[2].value <= 0
             ):
                 return self._make_symbolic(guard[1], evaluator, repairs)
+            if name in (">", ">=") and head(guard[1]) == "numel" and isinstance(guard[2], Lit):
+                return self._make_large(guard[1], guard[2].value, evaluator, repairs)
             close = _closeness(guard)
             if close is not None:
                 solved = self._solve(close[0], evaluator.value(close[1]), evaluator)
@@ -185,6 +187,24 @@ class Repairer:
                 repairs.shapes[leaf] = tuple(shape)
                 return True
         return False
+
+    def _make_large(self, expr: Expr, bound: Any, evaluator: Evaluator, repairs: Forced) -> bool:
+        """Repair `(> (numel v) N)` by making the first size of the shape variable v large enough.
+
+        Only shapes of rank 2 or more: a vector of one size may be what a `Sizes` holds, whose
+        values would become a million sizes.
+        """
+        if not isinstance(expr, tuple) or not isinstance(expr[1], Sym):
+            return False
+        vector = expr[1].name
+        value = evaluator.value(expr[1])
+        if vector in self.draft.values or len(value) < 2 or not isinstance(bound, int):
+            return False
+        rest = math.prod(value[1:])
+        if rest <= 0:
+            return False
+        repairs.values[vector] = (bound // rest + 1, *value[1:])
+        return True
 
     def _pick_row(self, guard: tuple[Expr, ...], evaluator: Evaluator, repairs: Forced) -> bool:
         """Force a base-fact relation's variables to a random row that fits the known ones."""

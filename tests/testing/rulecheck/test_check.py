@@ -78,6 +78,17 @@ def test_a_planted_unsound_rule_is_caught_with_a_counterexample(name: str) -> No
     assert report.max_error > 0
 
 
+def test_a_broadcast_small_enough_to_fold_said_to_run_at_run_time_is_caught() -> None:
+    # The `(> (numel s) N)` guard is met by a repair that makes the broadcast that large.
+    text = """
+(rule ((= e (Broadcast x s)) (folds x) (> (numel s) 100)) ((runtime e))
+      :ruleset fold :name "planted-small-broadcast-at-run-time")"""
+    report = _check(text, "planted-small-broadcast-at-run-time")
+    assert report.verdict == UNSOUND, report.line()
+    assert "(runtime " in report.counterexample
+    assert "Broadcast" in report.counterexample
+
+
 def test_a_sound_user_rule_is_sound() -> None:
     report = _check(SOUND_RULE, "user-times-one")
     assert report.verdict == SOUND, report.line()
@@ -110,6 +121,8 @@ def test_a_rule_whose_left_side_cannot_be_built_is_unchecked() -> None:
         "numel-step",
         "full-binary",
         "fuse-binary",
+        "runtime-large-broadcast",
+        "runtime-binary-left",
         "gemm-add",
         "reduce-epilogue",
     ],
