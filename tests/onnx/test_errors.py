@@ -335,3 +335,12 @@ def test_long_reversed_chain_is_sorted_and_a_long_cycle_named_without_recursion(
     chain[0].input[0] = names[-1]  # the first reads the last: one cycle through all of them
     model = _model(chain[::-1], [_info("x", [2])], [_info(names[-1], [2])])
     _load_fails(workdir, model, InvalidGraphError, "cycle of nodes", "'neg2999' -> 'neg0'")
+
+
+@pytest.mark.parametrize(
+    "count", [0, 3, 2**31]
+)  # found by the mutation fuzzer: 0 divided, 2^31 hung
+def test_split_num_outputs_other_than_its_outputs_is_an_error(workdir: Path, count: int) -> None:
+    node = helper.make_node("Split", ["x"], ["a", "b"], axis=0, num_outputs=count, name="split")
+    model = _model([node], [_info("x", [4])], [_info("a", [2]), _info("b", [2])])
+    _load_fails(workdir, model, KnoptError, "split", f"num_outputs is {count}", "2 outputs")

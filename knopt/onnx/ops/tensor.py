@@ -237,8 +237,12 @@ def _split(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     else:
         known = ctx.known_input(node, 1, "split")
         sizes = None if known is None else [int(s) for s in known.reshape(-1)]
-    if ctx.opset >= 18 and attrs.has("num_outputs"):
-        count = attrs.int("num_outputs")
+    if ctx.opset >= 18 and attrs.has("num_outputs") and attrs.int("num_outputs") != count:
+        raise ctx.fail(
+            f"num_outputs is {attrs.int('num_outputs')} but the node has {count} outputs"
+        )
+    if sizes is not None and len(sizes) != count:
+        raise ctx.fail(f"split has {len(sizes)} sizes but the node has {count} outputs")
     dim = x.shape[axis]
     if sizes is None:
         if not isinstance(dim, int):
