@@ -53,7 +53,7 @@ def test_a_region_of_convolutions_is_stored_channels_last(rng: np.random.Generat
 
 
 def test_the_kernels_of_a_region_compile(rng: np.random.Generator) -> None:
-    pytest.importorskip("cuda.bindings.nvrtc")
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
     from knopt.cuda import nvrtc
 
     plan = _half_plan(program_from_graph(_graph(rng)))

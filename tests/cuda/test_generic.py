@@ -168,7 +168,7 @@ def test_templates_give_back_every_fixture_kernel(name: str, precision: str) -> 
 
 
 def _nvrtc():
-    pytest.importorskip("cuda.bindings.nvrtc")
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
     from knopt.cuda import nvrtc
 
     try:

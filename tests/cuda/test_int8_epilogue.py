@@ -28,7 +28,7 @@ EPILOGUES = [
 
 
 def test_int8_epilogues_and_prologue_compile_for_sm_90(tmp_path, monkeypatch) -> None:
-    pytest.importorskip("cuda.bindings.nvrtc")
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
     from knopt.cuda import nvrtc
 
     try:

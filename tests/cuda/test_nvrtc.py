@@ -13,7 +13,7 @@ from tests.models import fixtures
 
 
 def _nvrtc():
-    pytest.importorskip("cuda.bindings.nvrtc")
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
     from knopt.cuda import nvrtc
 
     try:

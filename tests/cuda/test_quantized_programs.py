@@ -86,7 +86,7 @@ def _steps(program: Program, precision: str) -> list[object]:
 
 
 def _compile_launches(steps: list[object]) -> None:
-    pytest.importorskip("cuda.bindings.nvrtc")
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
     from knopt.cuda import nvrtc
 
     try:

@@ -172,7 +172,7 @@ def test_computed_operands_are_split_by_a_kernel_that_compiles(
     assert len(launches) == 2 and gemm.batch == 4
     assert (gemm.a.rows, gemm.a.cols, gemm.a.batch_stride) == (96, 96, 96 * 96)
     assert (gemm.b.rows, gemm.b.cols, gemm.b.batch_stride) == (96, 80, 96 * 80)
-    pytest.importorskip("cuda.bindings.nvrtc")
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
     from knopt.cuda import nvrtc
 
     source = '#include "common.cuh"\n' + "\n".join(launch.source for launch in launches)

@@ -33,7 +33,7 @@ SMS = 132  # an H200's multiprocessors
 
 
 def _nvrtc():
-    pytest.importorskip("cuda.bindings.nvrtc")
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
     from knopt.cuda import nvrtc
 
     try:
