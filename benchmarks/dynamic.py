@@ -66,7 +66,7 @@ def export_bert(folder: Path, layers: int) -> tuple[Path, Any]:
     path = folder / "bert.onnx"
     ids = torch.ones(2, 16, dtype=torch.int64)
     torch.onnx.export(
-        Encoder(),
+        Encoder().eval(),
         (ids, ids),
         str(path),
         input_names=["input_ids", "attention_mask"],
