@@ -2,6 +2,7 @@
 
     python benchmarks/decode.py            # 16 layers (~0.95B parameters), 256 new tokens
     python benchmarks/decode.py --quick    # 4 layers, 64 new tokens
+    python benchmarks/decode.py --quick --profile   # then where knopt's host time goes
 
 A randomly initialised LLaMA decoder (transformers, no download; hidden 2048, 16 heads of 128,
 no grouped-query attention, SwiGLU 5632, vocab 32000) is exported in fp16 with its cache as
@@ -145,6 +146,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4 layers, 64 new tokens")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument(
+        "--profile", action="store_true", help="then profile knopt's host side (batch 1)"
+    )
     args = parser.parse_args()
     import torch
 
@@ -209,6 +213,24 @@ def main() -> None:
         agreement = _agreement(model, prompt, tokens)
         print(f"knopt's greedy tokens equal torch's for {agreement:.0%} of the first 16 steps")
         session.reset()
+    if args.profile:
+        _profile(session, new)
+
+
+def _profile(session: knopt.Session, new: int) -> None:
+    """Where the host's time goes in a batch-1 generation (cProfile, by own time)."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    prompt = torch.randint(0, 32000, (1, PROMPT), device="cuda")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    knopt_generate(session, prompt, new)
+    profiler.disable()
+    print(f"\nhost profile of one batch-1 generation ({new} tokens), by own time:")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
 def _agreement(model: Any, prompt: Any, tokens: Any) -> float:

@@ -52,6 +52,7 @@ class ProgramState:
         self.precision = precision
         self.runtime = Runtime(gpu, lift)
         self.executables: OrderedDict[Any, Executable] = OrderedDict()
+        self.prepared: set[Any] = set()
         self.caches: DeviceCaches | None = None
         self.plans = 0
         self.warmed = False
@@ -97,7 +98,8 @@ class ProgramState:
         """Make and compile the kernels of plans at `sizes` (skipping any that cannot plan).
 
         Every plan (and probe) is observed before any template is made, so each template
-        lifts every literal seen to vary.
+        lifts every literal seen to vary. Sizes prepared before (or already run) are skipped:
+        a prefill warms the decoding steps after it, and a second prompt must not plan again.
         """
         library = self.runtime.library
         plans = []
@@ -105,6 +107,10 @@ class ProgramState:
             each_resident = resident
             if resident is not None and layout is not None:
                 each_resident = _moved(resident, each[layout.past], each[layout.new])
+            key = (tuple(sorted(each.items())), each_resident)
+            if key in self.prepared or key in self.executables:
+                continue
+            self.prepared.add(key)
             try:
                 plan = self.plan(each, each_resident)
             except KnoptError:
@@ -407,6 +413,7 @@ class CudaRunner:
             for old in state.executables.values():
                 old.close()
             state.executables.clear()
+            state.prepared.clear()
         executable = state.executable(sizes, caches.plan(step), self.dims, caches.layout)
         if caches.layout.mask is not None:
             state.runtime.gpu.upload(

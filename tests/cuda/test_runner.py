@@ -170,3 +170,48 @@ def test_a_bucketed_step_moves_its_rows_to_the_real_length(gpu: FakeGpu) -> None
     assert sizes == [1, 2, 1, 8, 4]
     position = [address for address, data in gpu.uploads if data.dtype == np.int32][-1]
     assert relocation[2] == position
+
+
+def test_a_second_prompt_plans_nothing_again(gpu: FakeGpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    from knopt.cuda import runner
+
+    plans: list[object] = []
+    build = runner.build_plan
+
+    def counted(*args: object, **kwargs: object) -> object:
+        plans.append(args[0])
+        return build(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "build_plan", counted)
+    session = knopt.compile(
+        DECODER,
+        "cuda",
+        dims={"batch": (1, 1, 2), "seq": (1, 4, 8), "past": (0, 8, 100)},
+        resident=CACHES,
+        cache_mask="attention_mask",
+    )
+    rng = np.random.default_rng(1)
+
+    def generate() -> None:
+        session.reset()
+        session.run(
+            ["logits"],
+            {
+                "input_ids": rng.integers(0, 64, (1, 4)),
+                "attention_mask": np.ones((1, 4), np.int64),
+                "position_ids": np.arange(4)[None],
+            },
+        )
+        for position in range(4, 12):
+            step = {
+                "input_ids": rng.integers(0, 64, (1, 1)),
+                "attention_mask": np.ones((1, position + 1), np.int64),
+                "position_ids": np.array([[position]]),
+            }
+            session.run(["logits"], step)
+
+    generate()
+    first = len(plans)
+    assert first > 0
+    generate()  # the prefill warms the decoding steps again: they are planned already
+    assert len(plans) == first
