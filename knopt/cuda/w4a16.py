@@ -26,7 +26,11 @@ memory-bound (~4-6 us, torch ~9 us); at M = 128-256 it is bound by mma.sync (~4 
 rows: ~10 us against torch's 13.5 us); from M = 512 dequantizing (~10 us: 8 MB read, 32 MB
 written) and cuBLASLt's GEMM (~600+ TFLOP/s) beat the GEMM's ~43 us. A K split over a
 cluster is taken when the tiles alone leave SMs idle. `benchmarks/quantized.py --w4a16-only`
-times every configuration beside the rule's pick, to check these numbers.
+times every configuration beside the rule's pick, to check these numbers. Measured
+(2026-12-03, H200, N = K = 4096; benchmarks/RESULTS.md): the GEMV is the fastest variant at
+M <= 8 (5.5-6.3 us); the GEMM is not memory-bound as expected (14 us at M = 16, 30 us at 64,
+50 us at 128, 83-93 us at 256), while dequantize + cuBLASLt takes 31 us at M = 64 (a tie),
+37 us at 128 and 256, 47 us at 512: so DEQUANTIZE_MIN_M is 128, not the 512 expected.
 
 All routes round each weight once to A's type as `(code - zero) * scale` and accumulate in
 fp32, so they agree to fp32 summation order. Sizes are launch arguments: one compiled module
@@ -56,7 +60,7 @@ GEMV_MAX_M = 8  # the mma's 8-column operand holds every row of A
 CHUNK = 128  # k a warp consumes per step
 GEMM_WARPS = 4
 SPLITS = (1, 2, 4)  # cluster sizes the default module is compiled for
-DEQUANTIZE_MIN_M = 512  # expected: ~10 us to dequantize 4096^2 < what cuBLASLt gains from there
+DEQUANTIZE_MIN_M = 128  # measured (module docstring): from M = 128 it beats every GEMM variant
 DEQUANTIZE_LIMIT = 64 * 2**20  # bytes of dequantized weight a slice (whole 128-row groups:
 # outputs 256-byte aligned, as cuBLASLt's heuristic assumes)
 DEQUANTIZE_THREADS = 256
