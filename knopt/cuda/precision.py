@@ -31,6 +31,8 @@ from knopt.ir.program import (
     Tensor,
     UnaryE,
     WhereE,
+    expr_children,
+    map_leaves,
 )
 
 PRECISIONS = {"f32": None, "tf32": None, "fp16": DType.F16, "bf16": DType.BF16}
@@ -50,13 +52,11 @@ def narrow_dtype(precision: str) -> DType | None:
 
 def _scales(expr: Expr | None) -> bool:
     """Whether `expr` multiplies or divides anything (an int32 sum's dequantizing scale)."""
-    if isinstance(expr, BinaryE):
-        return expr.kind in (Binary.MUL, Binary.DIV) or _scales(expr.a) or _scales(expr.b)
-    if isinstance(expr, UnaryE | ClampE | CastE):
-        return _scales(expr.x)
-    if isinstance(expr, WhereE):
-        return any(_scales(e) for e in (expr.condition, expr.a, expr.b))
-    return False
+    if expr is None:
+        return False
+    if isinstance(expr, BinaryE) and expr.kind in (Binary.MUL, Binary.DIV):
+        return True
+    return any(_scales(child) for child in expr_children(expr))
 
 
 def unscaled_sums(program: Program) -> list[Kernel]:
@@ -139,19 +139,11 @@ _F32_EPILOGUES = frozenset({KernelKind.INT_MATMUL, KernelKind.INT_CONV})
 
 def _widened_loads(expr: Expr, wide: frozenset[int]) -> Expr:
     """`expr` reading the inputs in `wide` (f32 tensors, now narrowed) back in f32."""
-    if isinstance(expr, Load):
-        return CastE(expr, DType.F32) if expr.index in wide else expr
-    if isinstance(expr, UnaryE):
-        return UnaryE(expr.kind, _widened_loads(expr.x, wide))
-    if isinstance(expr, BinaryE):
-        return BinaryE(expr.kind, _widened_loads(expr.a, wide), _widened_loads(expr.b, wide))
-    if isinstance(expr, ClampE):
-        return ClampE(_widened_loads(expr.x, wide), expr.lo, expr.hi)
-    if isinstance(expr, CastE):
-        return CastE(_widened_loads(expr.x, wide), expr.dtype)
-    if isinstance(expr, WhereE):
-        return WhereE(*(_widened_loads(e, wide) for e in (expr.condition, expr.a, expr.b)))
-    return expr
+
+    def widen(leaf: Expr) -> Expr:
+        return CastE(leaf, DType.F32) if isinstance(leaf, Load) and leaf.index in wide else leaf
+
+    return map_leaves(expr, widen)
 
 
 def _f32_epilogue(program: Program, kernel: Kernel, target: DType) -> Expr | None:

@@ -118,6 +118,21 @@ def expr_children(expr: Expr) -> tuple[Expr, ...]:
     return ()
 
 
+def map_leaves(expr: Expr, leaf: Callable[[Expr], Expr]) -> Expr:
+    """`expr` rebuilt with each load, accumulator and constant replaced by `leaf(it)`."""
+    if isinstance(expr, UnaryE):
+        return UnaryE(expr.kind, map_leaves(expr.x, leaf))
+    if isinstance(expr, BinaryE):
+        return BinaryE(expr.kind, map_leaves(expr.a, leaf), map_leaves(expr.b, leaf))
+    if isinstance(expr, ClampE):
+        return ClampE(map_leaves(expr.x, leaf), expr.lo, expr.hi)
+    if isinstance(expr, CastE):
+        return CastE(map_leaves(expr.x, leaf), expr.dtype)
+    if isinstance(expr, WhereE):
+        return WhereE(*(map_leaves(e, leaf) for e in (expr.condition, expr.a, expr.b)))
+    return leaf(expr)
+
+
 def format_expr(expr: Expr) -> str:
     """A body as text, like `RELU(ADD(in0, in1))`."""
     if isinstance(expr, Load):

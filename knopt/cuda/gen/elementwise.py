@@ -21,7 +21,7 @@ from knopt.cuda.layout import merge_axes
 from knopt.cuda.steps import Buf, Launch
 from knopt.cuda.templates import render
 from knopt.errors import CodegenError
-from knopt.ir.program import Acc, BinaryE, CastE, ClampE, Expr, Load, UnaryE, WhereE
+from knopt.ir.program import Acc, Expr, Load, map_leaves
 
 THREADS = 256
 MAX_VECTOR_BYTES = 16
@@ -29,23 +29,7 @@ MAX_VECTOR_BYTES = 16
 
 def replace_acc(expr: Expr, index: int) -> Expr:
     """`expr` with `Acc()` read as input `index` (an epilogue run as its own kernel)."""
-    if isinstance(expr, Acc):
-        return Load(index)
-    if isinstance(expr, UnaryE):
-        return UnaryE(expr.kind, replace_acc(expr.x, index))
-    if isinstance(expr, BinaryE):
-        return BinaryE(expr.kind, replace_acc(expr.a, index), replace_acc(expr.b, index))
-    if isinstance(expr, ClampE):
-        return ClampE(replace_acc(expr.x, index), expr.lo, expr.hi)
-    if isinstance(expr, CastE):
-        return CastE(replace_acc(expr.x, index), expr.dtype)
-    if isinstance(expr, WhereE):
-        return WhereE(
-            replace_acc(expr.condition, index),
-            replace_acc(expr.a, index),
-            replace_acc(expr.b, index),
-        )
-    return expr
+    return map_leaves(expr, lambda leaf: Load(index) if isinstance(leaf, Acc) else leaf)
 
 
 def emit_elementwise(ctx: LoweringContext, out: int, body: Expr, inputs: Sequence[int]) -> None:

@@ -29,7 +29,15 @@ from knopt.errors import UnsupportedModelError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.op import Binary
-from knopt.ir.program import Acc, BinaryE, CastE, ClampE, Expr, Kernel, Load, UnaryE, WhereE
+from knopt.ir.program import (
+    Acc,
+    BinaryE,
+    CastE,
+    Expr,
+    Kernel,
+    Load,
+    map_leaves,
+)
 
 
 def result_tensor(ctx: LoweringContext, kernel: Kernel, dtype: DType) -> int:
@@ -77,19 +85,7 @@ def emit_int_matmul(ctx: LoweringContext, kernel: Kernel) -> None:
 
 def substitute_acc(expr: Expr, acc: Expr) -> Expr:
     """`expr` with `Acc()` replaced by the expression `acc`."""
-    if isinstance(expr, Acc):
-        return acc
-    if isinstance(expr, UnaryE):
-        return UnaryE(expr.kind, substitute_acc(expr.x, acc))
-    if isinstance(expr, BinaryE):
-        return BinaryE(expr.kind, substitute_acc(expr.a, acc), substitute_acc(expr.b, acc))
-    if isinstance(expr, ClampE):
-        return ClampE(substitute_acc(expr.x, acc), expr.lo, expr.hi)
-    if isinstance(expr, CastE):
-        return CastE(substitute_acc(expr.x, acc), expr.dtype)
-    if isinstance(expr, WhereE):
-        return WhereE(*(substitute_acc(e, acc) for e in (expr.condition, expr.a, expr.b)))
-    return expr
+    return map_leaves(expr, lambda leaf: acc if isinstance(leaf, Acc) else leaf)
 
 
 # ---- IntConv ---------------------------------------------------------------------------------
