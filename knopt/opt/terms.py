@@ -337,10 +337,11 @@ def _matmul(e: _Encoder, op: ops.MatMul, node: Node, args: list[Any]) -> Any:
 
 
 @_encodes(ops.Conv)
-def _conv(e: _Encoder, op: ops.Conv, node: Node, args: list[Any]) -> Any:
+@_encodes(ops.IntConv)
+def _conv(e: _Encoder, op: ops.Conv | ops.IntConv, node: Node, args: list[Any]) -> Any:
     pads = [p for pair in op.pads for p in pair]
     return call(
-        "Conv",
+        op.name,
         *args,
         ivec(op.strides),
         ivec(pads),
@@ -403,20 +404,6 @@ def _attention(e: _Encoder, op: ops.Attention, node: Node, args: list[Any]) -> A
 @_encodes(ops.IntMatMul)
 def _int_matmul(e: _Encoder, op: ops.IntMatMul, node: Node, args: list[Any]) -> Any:
     return call("IntMatMul", *args)
-
-
-@_encodes(ops.IntConv)
-def _int_conv(e: _Encoder, op: ops.IntConv, node: Node, args: list[Any]) -> Any:
-    pads = [p for pair in op.pads for p in pair]
-    return call(
-        "IntConv",
-        *args,
-        ivec(op.strides),
-        ivec(pads),
-        ivec(op.dilations),
-        lit(op.groups),
-        e.shape(node.output.shape),
-    )
 
 
 @_encodes(ops.Int4MatMul)
