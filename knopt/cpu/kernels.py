@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from knopt.cpu.conv import conv, pool
@@ -120,7 +121,7 @@ def _binary(op: ops.BinaryOp, a: Array, b: Array) -> Array:
 
 def _clamp(op: ops.Clamp, x: Array) -> Array:
     if np.issubdtype(x.dtype, np.integer):
-        info = np.iinfo(x.dtype)
+        info = ml_dtypes.iinfo(x.dtype)
         lo = min(max(op.lo, info.min), info.max)  # an infinite bound on either side
         hi = min(max(op.hi, info.min), info.max)  # stays within the integer range
         return np.clip(x, int(np.ceil(lo)), int(np.floor(hi))).astype(x.dtype)
@@ -152,7 +153,7 @@ def _extreme(dtype: np.dtype, *, lowest: bool) -> Any:
         return -np.inf if lowest else np.inf
     if dtype == np.bool_:
         return not lowest
-    info = np.iinfo(dtype)
+    info = ml_dtypes.iinfo(dtype)
     return info.min if lowest else info.max
 
 

@@ -6,15 +6,17 @@ ran out of memory while loading; each must now be one typed error naming the nod
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
+from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 import knopt
 from knopt.errors import KnoptError
+from knopt.ir.dtype import DType
 from tests.hostile.builders import I64, info, ints, model
-from tests.oracle import run_onnxruntime
+from tests.oracle import run_onnxruntime, run_reference
 
 
 def _shape_of_x(*nodes: onnx.NodeProto, x: list[int | str] | None = None) -> onnx.ModelProto:
@@ -315,3 +317,38 @@ def test_a_pool_wider_than_its_padded_input_gives_an_empty_result() -> None:
         None, {"x": np.ones((1, 2, 4, 0), np.float32)}
     )
     assert y.shape == (1, 2, 4, 0)
+
+
+NARROW_INTEGERS = (DType.U4, DType.I4, DType.U2, DType.I2)
+
+
+def _narrow_model(node: onnx.NodeProto, dtype: DType, *initializers: TensorProto) -> ModelProto:
+    outputs = [info(name, None, dtype) for name in node.output]
+    if len(outputs) == 2:  # MaxPool's indices
+        outputs[1] = info(node.output[1], None, I64)
+    return model([node], [info("x", [1, 2, 4, 3], dtype)], outputs, initializers, opset=21)
+
+
+# The reference evaluator pads integer pooling windows with -inf (a cast numpy warns about).
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+@pytest.mark.parametrize("dtype", NARROW_INTEGERS, ids=lambda d: d.short)
+@pytest.mark.parametrize("op", ["Resize", "MaxPool"])
+def test_four_and_two_bit_integers_compute_as_the_reference_does(op: str, dtype: DType) -> None:
+    # The limits of these types once came from numpy's iinfo, which knows none of them.
+    if op == "Resize":  # linear weights of 1/4 and 3/4 are exact: ties round the same way
+        scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+        node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear", name="r")
+        proto = _narrow_model(node, dtype, scales)
+    else:
+        node = helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2], name="p")
+        proto = _narrow_model(node, dtype)
+    limits = ml_dtypes.iinfo(dtype.numpy)
+    x = np.random.default_rng(5).integers(limits.min, limits.max + 1, (1, 2, 4, 3))
+    got = knopt.compile(proto.SerializeToString()).run(None, {"x": x.astype(dtype.numpy)})
+    (expected, *_) = run_reference(proto, {"x": x.astype(dtype.numpy)})
+    assert got[0].dtype == expected.dtype
+    np.testing.assert_array_equal(got[0].astype(np.int64), expected.astype(np.int64))
+    if op == "MaxPool":  # the reference leaves the channel's offset out of the indices
+        as_float = _narrow_model(node, DType.F32)
+        (_, indices) = run_onnxruntime(as_float, {"x": x.astype(np.float32)})
+        np.testing.assert_array_equal(got[1], indices)

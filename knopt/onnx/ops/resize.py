@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 import onnx
 
@@ -270,7 +271,7 @@ def _saturate(ctx: ImportContext, y: Value, dtype: DType) -> Value:
     """`y` converted back to the input's dtype as the reference does: integers round and clamp."""
     b = ctx.builder
     if dtype.is_int or dtype is DType.BOOL:
-        info = np.iinfo(dtype.numpy) if dtype.is_int else None
+        info = ml_dtypes.iinfo(dtype.numpy) if dtype.is_int else None
         y = b.unary(Unary.ROUND, y)
         if info is not None:
             y = b.clamp(y, lo=float(info.min), hi=float(info.max))
