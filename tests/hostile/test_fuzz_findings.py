@@ -26,6 +26,24 @@ def _shape_of_x(*nodes: onnx.NodeProto, x: list[int | str] | None = None) -> onn
 
 
 FLOATS = numpy_helper.from_array(np.array([0.0, 1.0], np.float32), "two")
+
+
+def _doubles(name: str, values: object) -> TensorProto:
+    """A float64 initializer: what an int64 one reads as when its data type is changed."""
+    return numpy_helper.from_array(np.array(values, np.float64), name)
+
+
+def _looped(trips: TensorProto) -> onnx.ModelProto:
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c_out"]), helper.make_node("Neg", ["a"], ["b"])],
+        "body",
+        [info("i", [], I64), info("c", [], onnx.TensorProto.BOOL), info("a", [2])],
+        [info("c_out", [], onnx.TensorProto.BOOL), info("b", [2])],
+    )
+    loop = helper.make_node("Loop", ["m", "", "x"], ["y"], body=body, name="l")
+    return model([loop], [info("x", [2])], [info("y", None)], [trips])
+
+
 CASES: dict[str, tuple[onnx.ModelProto, str]] = {
     "input_missing": (
         model(
@@ -248,6 +266,75 @@ CASES: dict[str, tuple[onnx.ModelProto, str]] = {
             [ints("a", [0, 1]), ints("b", 5), ints("c", 1)],
         ),
         "node 'r'.*one value each",
+    ),
+    # Integer inputs of a floating type: int() of NaN (mutants 101-10023, 101-10903), and
+    # silently truncated values otherwise. ONNX declares every one of them int32 or int64.
+    "reshape_to_a_double_shape": (
+        model(
+            [helper.make_node("Reshape", ["x", "t"], ["y"], name="r")],
+            [info("x", [2, 4])],
+            [info("y", None)],
+            [_doubles("t", [np.nan, 4])],
+        ),
+        "node 'r'.*input 1 \\(shape\\) must hold integers, not f64",
+    ),
+    "reduce_over_double_axes": (
+        model(
+            [helper.make_node("ReduceMean", ["x", "a"], ["y"], name="m")],
+            [info("x", [2, 4])],
+            [info("y", None)],
+            [_doubles("a", [np.nan])],
+        ),
+        "node 'm'.*input 1 \\(axes\\) must hold integers, not f64",
+    ),
+    "sizes_unsqueezed_by_double_axes": (
+        model(
+            [
+                helper.make_node("Shape", ["x"], ["s"], name="shape"),
+                helper.make_node("Unsqueeze", ["s", "a"], ["y"], name="u"),
+            ],
+            [info("x", ["n", 4])],
+            [info("y", None, I64)],
+            [_doubles("a", [np.nan])],
+        ),
+        "node 'u'.*input 1 \\(axes\\) must hold integers, not f64",
+    ),
+    "scatter_at_double_indices": (
+        model(
+            [helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], name="s")],
+            [info("x", [4]), info("u", [1])],
+            [info("y", None)],
+            [_doubles("i", [1.5])],
+        ),
+        "node 's'.*indices must be integers, not f64",
+    ),
+    "loop_of_nan_trips": (_looped(_doubles("m", np.nan)), "node 'l'.*trip count.*not nan"),
+    "resize_by_a_nan_scale": (
+        model(
+            [helper.make_node("Resize", ["x", "", "s"], ["y"], name="r")],
+            [info("x", [1, 1, 2, 2])],
+            [info("y", None)],
+            [numpy_helper.from_array(np.array([1, 1, np.nan, 2], np.float32), "s")],
+        ),
+        "node 'r'.*scale nan must be positive and finite",
+    ),
+    "resize_of_an_empty_axis_to_four": (
+        model(
+            [helper.make_node("Resize", ["x", "", "", "n"], ["y"], name="r", mode="linear")],
+            [info("x", [1, 1, 0, 2])],
+            [info("y", None)],
+            [ints("n", [1, 1, 4, 2])],
+        ),
+        "node 'r'.*empty axis",
+    ),
+    "range_whose_count_overflows": (
+        model(
+            [helper.make_node("Range", ["a", "b", "c"], ["y"], name="r")],
+            [],
+            [info("y", None, onnx.TensorProto.DOUBLE)],
+            [_doubles("a", -1e308), _doubles("b", 1e308), _doubles("c", 1e-300)],
+        ),
+        "node 'r'.*inf elements",
     ),
 }
 

@@ -20,10 +20,10 @@ from knopt.onnx.ops.tensor import pad_signed
 
 
 def _ints(ctx: ImportContext, node: onnx.NodeProto, index: int, what: str) -> list[int]:
-    known = ctx.known_input(node, index, what)
+    known = ctx.known_ints(node, index, what)
     if known is None:
         raise ctx.fail(f"input {index} ({what}) is required")
-    return [int(v) for v in known.reshape(-1)]
+    return known
 
 
 def col2im_positions(

@@ -31,7 +31,13 @@ def _size_value(ctx: ImportContext, dim: Dim) -> Value:
 
 
 def wrapped_indices(ctx: ImportContext, indices: Value, size: Dim) -> Value:
-    """Indices as int64 with negatives wrapped into [0, size)."""
+    """Indices as int64 with negatives wrapped into [0, size).
+
+    Raises:
+        UnsupportedModelError: If the indices are not integers (a cast would truncate them).
+    """
+    if not indices.dtype.is_int:
+        raise ctx.fail(f"indices must be integers, not {indices.dtype.short}")
     b = ctx.builder
     idx = b.cast(indices, DType.I64)
     negative = b.binary(Binary.LESS, idx, b.constant(np.array(0, np.int64)))

@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 
+from knopt.errors import UnsupportedModelError
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.op import Binary, Reduction, Unary
@@ -173,6 +174,10 @@ def _tree_tables(attrs: Attributes) -> dict[str, list]:
     splits = attrs.tensor("nodes_splits")
     membership = attrs.tensor("membership_values")
     mode_table = attrs.tensor("nodes_modes")
+    if mode_table is not None and mode_table.dtype.kind not in "iu":  # uint8 codes
+        raise UnsupportedModelError(
+            f"{attrs.where}: attribute 'nodes_modes' must hold integers, not {mode_table.dtype}"
+        )
     modes = [] if mode_table is None else [int(m) for m in mode_table.reshape(-1)]
     members: dict[int, list[float]] = {}
     if membership is not None:  # NaN-separated sets, one per membership node in order

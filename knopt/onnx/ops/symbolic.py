@@ -149,7 +149,7 @@ def _gather(
     data, indices = args
     assert data is not None and indices is not None
     axis = axis_of(ctx, ctx.attributes(node).int("axis", 0), data.array.ndim)
-    if indices.is_symbolic:
+    if _unfit_parameters(args):
         return None
     size = data.array.shape[axis]
     idx = indices.concrete().astype(np.int64)
@@ -178,7 +178,7 @@ def _concat(
 def _unsqueeze(
     ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
 ) -> list[Known] | None:
-    if _symbolic_parameters(args):
+    if _unfit_parameters(args):
         return None
     x = args[0]
     assert x is not None
@@ -197,7 +197,7 @@ def _unsqueeze(
 def _squeeze(
     ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
 ) -> list[Known] | None:
-    if _symbolic_parameters(args):
+    if _unfit_parameters(args):
         return None
     x = args[0]
     assert x is not None
@@ -213,9 +213,12 @@ def _squeeze(
     return [Known(x.array.reshape([d for i, d in enumerate(shape) if i not in drop]), x.dtype)]
 
 
-def _symbolic_parameters(args: list[Known | None]) -> bool:
-    """Whether an input after the data (axes, say) holds symbolic sizes: the importer decides."""
-    return any(a is not None and a.is_symbolic for a in args[1:])
+def _unfit_parameters(args: list[Known | None]) -> bool:
+    """Whether an input after the data (axes, say) is symbolic or not of an integer type.
+
+    The importer then decides, and names what is wrong.
+    """
+    return any(a is not None and (a.is_symbolic or not a.dtype.is_int) for a in args[1:])
 
 
 def _axes(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[int] | None:
@@ -232,7 +235,7 @@ def _slice(
     ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
 ) -> list[Known] | None:
     ctx.attributes(node)
-    if ctx.opset < 10 or any(a is not None and a.is_symbolic for a in args[1:]):
+    if ctx.opset < 10 or _unfit_parameters(args):
         return None
     x = args[0]
     assert x is not None
@@ -263,7 +266,7 @@ def _reshape(
     allow_zero = ctx.attributes(node).int("allowzero", 0)
     x, shape = args
     assert x is not None and shape is not None
-    if shape.is_symbolic:
+    if _unfit_parameters(args):
         return None
     requested: list[Dim] = [int(d) for d in shape.concrete().reshape(-1)]
     target = reshape_target(ctx, x.array.shape, requested, bool(allow_zero))
@@ -281,7 +284,7 @@ def _reduce_prod(
     keepdims = bool(attrs.int("keepdims", 1))
     x = args[0]
     assert x is not None
-    if _symbolic_parameters(args):
+    if _unfit_parameters(args):
         return None
     if ctx.opset < 18:
         axes = attrs.ints("axes") if attrs.has("axes") else None
@@ -314,7 +317,7 @@ def _expand(
     ctx.attributes(node)
     x, shape = args
     assert x is not None and shape is not None
-    if shape.is_symbolic:
+    if _unfit_parameters(args):
         return None
     target = _broadcast(ctx, x.array.shape, tuple(int(d) for d in shape.concrete()))
     return [_result(np.broadcast_to(_objects(x), target).copy(), x.dtype)]
