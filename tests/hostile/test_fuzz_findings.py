@@ -336,6 +336,36 @@ CASES: dict[str, tuple[onnx.ModelProto, str]] = {
         ),
         "node 'r'.*inf elements",
     ),
+    # Ranks beyond numpy's (mutant 101-9363 made a ConstantOfShape of 1024 axes).
+    "constant_of_shape_of_1024_axes": (
+        model(
+            [helper.make_node("ConstantOfShape", ["s"], ["y"], name="c")],
+            [],
+            [info("y", None)],
+            [ints("s", [1] * 1024)],
+        ),
+        "node 'c'.*input 0 \\(shape\\): 1024 axes, more than the 32",
+    ),
+    "sizes_reshaped_into_33_axes": (
+        model(
+            [
+                helper.make_node("Shape", ["x"], ["s"], name="shape"),
+                helper.make_node("Reshape", ["s", "t"], ["y"], name="r"),
+            ],
+            [info("x", ["n"])],
+            [info("y", None, I64)],
+            [ints("t", [1] * 33)],
+        ),
+        "node 'r'.*33 axes, more than the 32",
+    ),
+    "input_of_33_axes": (
+        model(
+            [helper.make_node("Relu", ["x"], ["y"], name="r")],
+            [info("x", [1] * 33)],
+            [info("y", None)],
+        ),
+        "graph input 'x': 33 axes",
+    ),
 }
 
 

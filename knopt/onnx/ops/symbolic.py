@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from knopt.ir.dtype import DType
-from knopt.ir.memory import check_shape
+from knopt.ir.memory import check_rank, check_shape
 from knopt.ir.shape import Dim, Sym, exact_div
 from knopt.onnx.context import ImportContext, Known, folder
 from knopt.onnx.ops.common import axes_of, axis_of
@@ -151,6 +151,7 @@ def _gather(
     axis = axis_of(ctx, ctx.attributes(node).int("axis", 0), data.array.ndim)
     if _unfit_parameters(args):
         return None
+    check_rank(data.array.ndim - 1 + indices.array.ndim, ctx.where)
     size = data.array.shape[axis]
     idx = indices.concrete().astype(np.int64)
     if idx.size and (idx.min() < -size or idx.max() >= size):
@@ -186,6 +187,7 @@ def _unsqueeze(
     if axes is None:
         return None
     rank = x.array.ndim + len(axes)
+    check_rank(rank, ctx.where)
     positions = axes_of(ctx, axes, rank)
     shape = list(x.array.shape)
     for p in positions:
@@ -269,6 +271,7 @@ def _reshape(
     if _unfit_parameters(args):
         return None
     requested: list[Dim] = [int(d) for d in shape.concrete().reshape(-1)]
+    check_rank(len(requested), ctx.where)
     target = reshape_target(ctx, x.array.shape, requested, bool(allow_zero))
     sizes = [d for d in target if isinstance(d, int) and d >= 0]
     if len(sizes) != len(target) or math.prod(sizes) != x.array.size:
@@ -325,6 +328,7 @@ def _expand(
 
 def _broadcast(ctx: ImportContext, *shapes: tuple[int, ...]) -> tuple[int, ...]:
     """The broadcast of known shapes, checked against the memory budget (objects: 8 bytes)."""
+    check_rank(max(len(s) for s in shapes), ctx.where)
     try:
         target = np.broadcast_shapes(*shapes)
     except ValueError as err:

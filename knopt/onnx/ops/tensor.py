@@ -9,7 +9,7 @@ import onnx
 
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
-from knopt.ir.memory import check_shape
+from knopt.ir.memory import check_rank, check_shape
 from knopt.ir.op import Binary, PadMode
 from knopt.ir.shape import Dim, Sym, broadcast_shapes, exact_div, numel
 from knopt.onnx.context import ImportContext, Known, OnnxValue, importer
@@ -64,6 +64,7 @@ def _shape_input(
     if known is None:
         raise ctx.fail(f"input {index} ({what}) is required")
     dims = tuple(known)
+    check_rank(len(dims), f"{ctx.where}: input {index} ({what})")
     if any(isinstance(d, int) and d < 0 for d in dims):
         raise ctx.fail(f"{what} {list(dims)} has a negative size")
     return dims
