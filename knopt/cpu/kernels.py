@@ -6,6 +6,7 @@ They favour obvious correctness; speed comes from numpy and BLAS doing the inner
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -158,6 +159,17 @@ def _extreme(dtype: np.dtype, *, lowest: bool) -> Any:
 
 
 def _arg_reduce(op: ops.ArgReduce, x: Array) -> Array:
+    """The index of the first (or last) largest or smallest element along the axis.
+
+    Raises:
+        RunError: If the axis is empty but the result is not (onnxruntime refuses it too).
+    """
+    if x.shape[op.axis] == 0:
+        shape = tuple(1 if i == op.axis else d for i, d in enumerate(x.shape))
+        if math.prod(shape):
+            which = "largest" if op.largest else "smallest"
+            raise RunError(f"no {which} element along axis {op.axis}, which is empty")
+        return np.zeros(shape, np.int64)
     if op.last:
         flipped = np.flip(x, op.axis)
         found = _arg_reduce(ops.ArgReduce(op.axis, op.largest, False), flipped)
@@ -190,6 +202,8 @@ def _matmul(op: ops.MatMul, a: Array, b: Array) -> Array:
 
 
 def _softmax(op: ops.Softmax, x: Array) -> Array:
+    if x.size == 0:  # nothing to normalize, and numpy's max of an empty axis raises
+        return x.copy()
     with np.errstate(invalid="ignore"):  # a row of only -inf is NaN, as exp(-inf - -inf)
         shifted = x - np.max(x, axis=op.axis, keepdims=True)
         e = np.exp(shifted)

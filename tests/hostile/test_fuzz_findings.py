@@ -13,7 +13,7 @@ import pytest
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 import knopt
-from knopt.errors import KnoptError
+from knopt.errors import KnoptError, RunError
 from knopt.ir.dtype import DType
 from tests.hostile.builders import I64, info, ints, model
 from tests.oracle import run_onnxruntime, run_reference
@@ -366,6 +366,50 @@ CASES: dict[str, tuple[onnx.ModelProto, str]] = {
         ),
         "graph input 'x': 33 axes",
     ),
+    "tfidf_with_a_column_for_one_of_two_ngrams": (
+        model(
+            [
+                helper.make_node(
+                    "TfIdfVectorizer",
+                    ["x"],
+                    ["y"],
+                    name="t",
+                    mode="TF",
+                    min_gram_length=1,
+                    max_gram_length=1,
+                    max_skip_count=0,
+                    ngram_counts=[0],
+                    ngram_indexes=[0],
+                    pool_int64s=[4, 5],
+                )
+            ],
+            [info("x", [4], I64)],
+            [info("y", None)],
+        ),
+        "node 't'.*each of the pool's 2 n-grams",
+    ),
+    "tfidf_pool_not_in_whole_bigrams": (
+        model(
+            [
+                helper.make_node(
+                    "TfIdfVectorizer",
+                    ["x"],
+                    ["y"],
+                    name="t",
+                    mode="TF",
+                    min_gram_length=1,
+                    max_gram_length=2,
+                    max_skip_count=0,
+                    ngram_counts=[0, 1],
+                    ngram_indexes=[0, 1],
+                    pool_int64s=[4, 5, 6, 7],
+                )
+            ],
+            [info("x", [4], I64)],
+            [info("y", None)],
+        ),
+        "node 't'.*whole n-grams",
+    ),
 }
 
 
@@ -469,3 +513,24 @@ def test_four_and_two_bit_integers_compute_as_the_reference_does(op: str, dtype:
         as_float = _narrow_model(node, DType.F32)
         (_, indices) = run_onnxruntime(as_float, {"x": x.astype(np.float32)})
         np.testing.assert_array_equal(got[1], indices)
+
+
+def _over_an_empty_axis(op: str, dtype: int = onnx.TensorProto.FLOAT) -> onnx.ModelProto:
+    node = helper.make_node(op, ["x"], ["y"], name="e", axis=1)
+    return model([node], [info("x", [3, 0])], [info("y", None, dtype)])
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax", "Hardmax"])
+def test_softmax_like_ops_of_an_empty_axis_agree_with_onnxruntime(op: str) -> None:
+    # Mutant 101-7256 (a dim set to 0): numpy's max of an empty axis raised ValueError.
+    proto, x = _over_an_empty_axis(op), np.zeros((3, 0), np.float32)
+    (got,) = knopt.compile(proto.SerializeToString()).run(None, {"x": x})
+    (expected,) = run_onnxruntime(proto, {"x": x})
+    assert got.shape == expected.shape == (3, 0)
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+def test_the_index_of_the_largest_of_nothing_is_a_run_error_naming_the_node(op: str) -> None:
+    session = knopt.compile(_over_an_empty_axis(op, I64).SerializeToString())
+    with pytest.raises(RunError, match=r"node 'e'.*axis 1, which is empty"):
+        session.run(None, {"x": np.zeros((3, 0), np.float32)})

@@ -485,6 +485,8 @@ def _log_softmax(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _hardmax(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     (x,) = ctx.inputs(node, count=1)
     prepared, axis, shape = _softmax_axis(ctx, node, x)
+    if prepared.shape[axis] == 0:  # an empty result, and no largest element to find
+        return [x]
     b = ctx.builder
     best = b.arg_reduce(prepared, axis=axis)
     positions = b.iota(prepared.shape[axis], DType.I64)

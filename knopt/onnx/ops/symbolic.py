@@ -328,7 +328,7 @@ def _expand(
 
 def _broadcast(ctx: ImportContext, *shapes: tuple[int, ...]) -> tuple[int, ...]:
     """The broadcast of known shapes, checked against the memory budget (objects: 8 bytes)."""
-    check_rank(max(len(s) for s in shapes), ctx.where)
+    check_rank(max((len(s) for s in shapes), default=0), ctx.where)
     try:
         target = np.broadcast_shapes(*shapes)
     except ValueError as err:
