@@ -14,6 +14,7 @@ from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 import knopt
 from knopt.errors import KnoptError, RunError
+from knopt.ir import GraphBuilder
 from knopt.ir.dtype import DType
 from tests.hostile.builders import I64, info, ints, model
 from tests.oracle import run_onnxruntime, run_reference
@@ -534,3 +535,15 @@ def test_the_index_of_the_largest_of_nothing_is_a_run_error_naming_the_node(op: 
     session = knopt.compile(_over_an_empty_axis(op, I64).SerializeToString())
     with pytest.raises(RunError, match=r"node 'e'.*axis 1, which is empty"):
         session.run(None, {"x": np.zeros((3, 0), np.float32)})
+
+
+def test_an_integer_product_over_an_empty_axis_saves_and_runs() -> None:
+    # Saving took numpy's min of its empty weights to pick MatMulInteger (ValueError).
+    b = GraphBuilder("empty")
+    x = b.input("x", (2, 0), DType.U8)
+    zero_point = b.cast(b.constant(np.array(3, np.uint8)), DType.I32)
+    centered = b.sub(b.cast(x, DType.I32), zero_point)
+    b.output(b.matmul(centered, b.constant(np.zeros((0, 3), np.int32))), "y")
+    saved = knopt.save(b.build())
+    (y,) = run_onnxruntime(saved, {"x": np.zeros((2, 0), np.uint8)})
+    np.testing.assert_array_equal(y, np.zeros((2, 3), np.int32))
