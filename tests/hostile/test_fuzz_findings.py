@@ -411,6 +411,59 @@ CASES: dict[str, tuple[onnx.ModelProto, str]] = {
         ),
         "node 't'.*whole n-grams",
     ),
+    # Axes of scalars and ranks nobody checked (the run of seed 202: IndexError each).
+    "squeeze_of_a_scalar": (
+        model(
+            [helper.make_node("Squeeze", ["x", "a"], ["y"], name="s")],
+            [info("x", [])],
+            [info("y", None)],
+            [ints("a", [0])],
+        ),
+        "node 's'.*axes \\[0\\] of a scalar",
+    ),
+    "gather_from_a_symbolic_size": (
+        model(
+            [
+                helper.make_node("Shape", ["x"], ["s"], name="shape"),
+                helper.make_node("Gather", ["s", "zero"], ["n"], name="batch"),
+                helper.make_node("Gather", ["n", "zero"], ["y"], name="g"),
+            ],
+            [info("x", ["n", 4])],
+            [info("y", None, I64)],
+            [ints("zero", 0)],
+        ),
+        "node 'g'.*axis 0 of a scalar",
+    ),
+    "batch_norm_of_a_scalar_mean": (
+        model(
+            [helper.make_node("BatchNormalization", ["x", "c", "c", "m", "c"], ["y"], name="b")],
+            [info("x", [1, 2, 3])],
+            [info("y", None)],
+            [
+                numpy_helper.from_array(np.ones(2, np.float32), "c"),
+                numpy_helper.from_array(np.array(0.5, np.float32), "m"),
+            ],
+        ),
+        "node 'b'.*per-channel input.*must have rank 1, not 0",
+    ),
+    "gather_elements_by_a_scalar": (
+        model(
+            [helper.make_node("GatherElements", ["x", "i"], ["y"], name="g")],
+            [info("x", [2, 3])],
+            [info("y", None)],
+            [ints("i", 0)],
+        ),
+        "node 'g'.*differ in rank",
+    ),
+    "gather_elements_wider_than_its_data": (
+        model(
+            [helper.make_node("GatherElements", ["x", "i"], ["y"], name="g", axis=0)],
+            [info("x", [3, 2])],
+            [info("y", None)],
+            [ints("i", np.zeros((2, 3)))],
+        ),
+        "node 'g'.*reach beyond data f32\\[3, 2\\] on axis 1",
+    ),
 }
 
 

@@ -25,8 +25,13 @@ MAX_SPATIAL = 3
 
 
 def _per_channel(ctx: ImportContext, v: Value, rank: int) -> Value:
-    """A `[C]` vector viewed as `[C, 1, ...]` so that it broadcasts over `[N, C, *spatial]`."""
-    return ctx.builder.view(v, (v.shape[0], *(1,) * (rank - 2)))
+    """A `[C]` vector viewed as `[C, 1, ...]` so that it broadcasts over `[N, C, *spatial]`.
+
+    Raises:
+        UnsupportedModelError: If `v` is not a vector.
+    """
+    (channels,) = ctx.shape_of(v, 1, "a per-channel input (scale, bias, mean or variance)")
+    return ctx.builder.view(v, (channels, *(1,) * (rank - 2)))
 
 
 def window_attributes(
