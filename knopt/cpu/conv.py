@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from knopt.ir.memory import check_shape
@@ -92,7 +93,7 @@ def pool(op: Pool, x: Array) -> Array:
         if np.issubdtype(x.dtype, np.floating):
             low: Any = -np.inf
         else:
-            low = False if x.dtype == np.bool_ else np.iinfo(x.dtype).min
+            low = False if x.dtype == np.bool_ else ml_dtypes.iinfo(x.dtype).min
         return _over_windows(np.maximum, _padded(x, widths, low), *window)
     # Sum in at least f32, then divide by what each window covers: real elements, plus the
     # explicit padding if it counts (the ceil-mode extra never does).

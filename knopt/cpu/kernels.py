@@ -6,9 +6,11 @@ They favour obvious correctness; speed comes from numpy and BLAS doing the inner
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from knopt.cpu.conv import conv, pool
@@ -120,7 +122,7 @@ def _binary(op: ops.BinaryOp, a: Array, b: Array) -> Array:
 
 def _clamp(op: ops.Clamp, x: Array) -> Array:
     if np.issubdtype(x.dtype, np.integer):
-        info = np.iinfo(x.dtype)
+        info = ml_dtypes.iinfo(x.dtype)
         lo = min(max(op.lo, info.min), info.max)  # an infinite bound on either side
         hi = min(max(op.hi, info.min), info.max)  # stays within the integer range
         return np.clip(x, int(np.ceil(lo)), int(np.floor(hi))).astype(x.dtype)
@@ -152,11 +154,22 @@ def _extreme(dtype: np.dtype, *, lowest: bool) -> Any:
         return -np.inf if lowest else np.inf
     if dtype == np.bool_:
         return not lowest
-    info = np.iinfo(dtype)
+    info = ml_dtypes.iinfo(dtype)
     return info.min if lowest else info.max
 
 
 def _arg_reduce(op: ops.ArgReduce, x: Array) -> Array:
+    """The index of the first (or last) largest or smallest element along the axis.
+
+    Raises:
+        RunError: If the axis is empty but the result is not (onnxruntime refuses it too).
+    """
+    if x.shape[op.axis] == 0:
+        shape = tuple(1 if i == op.axis else d for i, d in enumerate(x.shape))
+        if math.prod(shape):
+            which = "largest" if op.largest else "smallest"
+            raise RunError(f"no {which} element along axis {op.axis}, which is empty")
+        return np.zeros(shape, np.int64)
     if op.last:
         flipped = np.flip(x, op.axis)
         found = _arg_reduce(ops.ArgReduce(op.axis, op.largest, False), flipped)
@@ -189,6 +202,8 @@ def _matmul(op: ops.MatMul, a: Array, b: Array) -> Array:
 
 
 def _softmax(op: ops.Softmax, x: Array) -> Array:
+    if x.size == 0:  # nothing to normalize, and numpy's max of an empty axis raises
+        return x.copy()
     with np.errstate(invalid="ignore"):  # a row of only -inf is NaN, as exp(-inf - -inf)
         shifted = x - np.max(x, axis=op.axis, keepdims=True)
         e = np.exp(shifted)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import ml_dtypes
 import numpy as np
 
 from knopt.errors import CodegenError, UnsupportedModelError
@@ -79,7 +80,7 @@ def literal(value: float, dtype: DType) -> str:
     if dtype is DType.BOOL:
         return "true" if value else "false"
     if dtype.is_int:
-        info = np.iinfo(dtype.numpy)
+        info = ml_dtypes.iinfo(dtype.numpy)
         number = int(value)
         if not info.min <= number <= info.max:
             number = int(np.asarray(value).astype(np.float64).astype(dtype.numpy))
@@ -242,7 +243,7 @@ def cast(value: str, source: DType, target: DType) -> str:
 
 def _clamp_bounds(lo: float, hi: float, dtype: DType) -> tuple[str, str]:
     if dtype.is_int:
-        info = np.iinfo(dtype.numpy)
+        info = ml_dtypes.iinfo(dtype.numpy)
         low = int(info.min) if lo == -math.inf else math.ceil(max(lo, info.min))
         high = int(info.max) if hi == math.inf else math.floor(min(hi, info.max))
         return literal(low, dtype), literal(high, dtype)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import ml_dtypes
 import numpy as np
 
 from knopt.cuda.templates import render
@@ -87,7 +88,7 @@ class Int8Epilogue:
         """Queue the epilogue over the int32 accumulator [M, N]."""
         m, n = sizes
         blocks = max(1, min(-(-m * n // EPILOGUE_THREADS), 8 * sm_count))
-        info = np.iinfo(self.out.numpy) if self.requantizes else None
+        info = ml_dtypes.iinfo(self.out.numpy) if self.requantizes else None
         values: Sequence[Any] = (
             args.acc,
             np.int32(m),

@@ -8,6 +8,9 @@ inputs asks `check_shape` first, and gets a `MemoryLimitError` naming the node i
 The budget is, by priority: `set_memory_limit(...)`, the environment variable
 `KNOPT_MEMORY_LIMIT` (bytes, or with a suffix: `512M`, `8G`, `1T`), or half the memory available
 when first asked (half, so that a tensor and the result computed from it fit together).
+
+Tensors have at most `MAX_RANK` (32) axes; `check_shape` refuses more with an
+`UnsupportedModelError`, as it refuses sizes beyond what an array can index.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from knopt.errors import MemoryLimitError
+from knopt.errors import MemoryLimitError, UnsupportedModelError
 
 if TYPE_CHECKING:
     from knopt.ir.graph import Value
@@ -31,6 +34,10 @@ AVAILABLE_FRACTION = 0.5
 _MINIMUM = 64 * 2**20  # a budget derived from a nearly full machine stays usable
 _FALLBACK_AVAILABLE = 8 * 2**30  # where the platform says nothing about its memory
 _NUMPY_SPAN = 2**62  # numpy refuses shapes whose non-zero dims multiply to 2^63 bytes or more
+# The most axes a tensor may have: numpy arrays have up to 64, but its iterators (`flat`,
+# `broadcast_shapes`, which import-time folding uses) take 32, and the CPU executor views the
+# windows of a rank-r convolution or pooling input with 2r - 2 axes (knopt/cpu/conv.py).
+MAX_RANK = 32
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", re.IGNORECASE)
 
@@ -105,7 +112,9 @@ def check_shape(shape: Sequence[int], itemsize: int, what: str) -> None:
     Raises:
         MemoryLimitError: If the tensor is larger than `memory_limit()`, or its non-zero dims
             multiply beyond what an array can index (an empty [2^32, 2^32, 0] is such a shape).
+        UnsupportedModelError: If it has more than `MAX_RANK` axes.
     """
+    check_rank(len(shape), what)
     span = math.prod(d for d in shape if d) * itemsize
     if span >= _NUMPY_SPAN:
         raise MemoryLimitError(
@@ -115,6 +124,18 @@ def check_shape(shape: Sequence[int], itemsize: int, what: str) -> None:
     check_bytes(math.prod(shape) * itemsize, f"{what} of shape {list(shape)}")
 
 
+def check_rank(rank: int, what: str) -> None:
+    """Refuse a tensor of more than `MAX_RANK` axes; `what` names it.
+
+    Raises:
+        UnsupportedModelError: If `rank` is larger than `MAX_RANK`.
+    """
+    if rank > MAX_RANK:
+        raise UnsupportedModelError(
+            f"{what}: {rank} axes, more than the {MAX_RANK} that knopt supports"
+        )
+
+
 def check_value(value: Value, what: str) -> None:
     """Refuse a graph value larger than the budget, counting each symbolic size as 1.
 
@@ -122,6 +143,7 @@ def check_value(value: Value, what: str) -> None:
 
     Raises:
         MemoryLimitError: As `check_shape`.
+        UnsupportedModelError: As `check_shape`.
     """
     static = [d if isinstance(d, int) else 1 for d in value.shape]
     check_shape(static, value.dtype.numpy.itemsize, what)

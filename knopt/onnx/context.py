@@ -410,6 +410,44 @@ class ImportContext:
             raise self.fail(f"input {index} ({what}) is {value}, not an integer")
         return builtins.int(value)
 
+    def known_ints(self, node: onnx.NodeProto, index: int, what: str) -> list[builtins.int] | None:
+        """Input `index`, an integer tensor known at import time, flattened; None if absent.
+
+        Raises:
+            UnsupportedModelError: If it is only known at run time, depends on a symbolic size,
+                or is not of an integer type.
+        """
+        known = self._integer_input(node, index, what)
+        if known is None:
+            return None
+        if known.is_symbolic:
+            raise self.fail(
+                f"input {index} ({what}) depends on symbolic sizes; fix them when loading "
+                "(dims=...)"
+            )
+        return [builtins.int(v) for v in known.concrete().reshape(-1)]
+
+    def symbolic_ints(self, node: onnx.NodeProto, index: int, what: str) -> list[Dim] | None:
+        """Input `index`, an integer tensor known at import time, flattened; None if absent.
+
+        Its entries are integers or symbolic sizes.
+
+        Raises:
+            UnsupportedModelError: If it is only known at run time or not of an integer type.
+        """
+        known = self._integer_input(node, index, what)
+        if known is None:
+            return None
+        return [v if isinstance(v, Sym) else builtins.int(v) for v in known.array.reshape(-1)]
+
+    def _integer_input(self, node: onnx.NodeProto, index: int, what: str) -> Known | None:
+        # Shapes, axes, pads, sizes and steps are int32 or int64 in every ONNX schema; read as
+        # integers, floats would need rounding and NaN has no integer at all.
+        known = self.symbolic_input(node, index, what)
+        if known is not None and not known.dtype.is_int:
+            raise self.fail(f"input {index} ({what}) must hold integers, not {known.dtype.short}")
+        return known
+
     def symbolic_input(self, node: onnx.NodeProto, index: int, what: str) -> Known | None:
         """Input `index` as a known value that may hold symbolic sizes, or None if absent."""
         if index >= len(node.input) or not node.input[index]:

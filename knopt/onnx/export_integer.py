@@ -188,7 +188,7 @@ def _matmul_integer(w: Writer, node: Node) -> Rep | None:
     weights = w.rep(b).array
     if operand is None or weights is None or weights.shape[-2:] != b.shape[-2:]:
         return None
-    if weights.min() < -128 or weights.max() > 127:
+    if weights.size and (weights.min() < -128 or weights.max() > 127):
         return None
     narrow = w.em.constant(weights.astype(np.int8))
     name = w.em.op("MatMulInteger", [operand[0], narrow, operand[1]])

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from knopt.errors import UnsupportedModelError
@@ -154,7 +155,7 @@ def _clamp(em: Emitter, op: ops.Clamp, node: Node, args: list[str]) -> str:
     lo, hi = op.lo, op.hi
     if dtype.is_int:
         # Compare as Python ints: float(iinfo(int64).max) rounds up to 2**63, which wraps.
-        info = np.iinfo(dtype.numpy)
+        info = ml_dtypes.iinfo(dtype.numpy)
         low = int(info.min) if lo < info.min else max(int(np.ceil(lo)), int(info.min))
         high = int(info.max) if hi > info.max else min(int(np.floor(hi)), int(info.max))
         bounds = [em.scalar(low, dtype), em.scalar(high, dtype)]

@@ -6,10 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from knopt.errors import MemoryLimitError
+from knopt.errors import MemoryLimitError, UnsupportedModelError
 from knopt.ir import DType, GraphBuilder
 from knopt.ir.memory import (
     ENVIRONMENT_VARIABLE,
+    MAX_RANK,
     check_bytes,
     check_shape,
     format_bytes,
@@ -82,6 +83,12 @@ def test_an_empty_shape_no_array_can_index_is_refused() -> None:
     with pytest.raises(MemoryLimitError, match="more than any array can index"):
         check_shape([2**32, 2**32, 0], 4, "x")
     check_shape([2**20, 2**20, 0], 4, "x")  # empty, and numpy can represent it
+
+
+def test_a_shape_of_more_axes_than_numpy_iterates_is_refused() -> None:
+    check_shape([1] * MAX_RANK, 4, "x")
+    with pytest.raises(UnsupportedModelError, match=r"node 'deep': 33 axes, more than the 32"):
+        check_shape([1] * (MAX_RANK + 1), 4, "node 'deep'")
 
 
 def test_the_builder_refuses_a_value_over_the_limit_naming_its_node() -> None:

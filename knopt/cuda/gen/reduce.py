@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import ml_dtypes
 import numpy as np
 
 from knopt.cuda.cexpr import (
@@ -61,7 +62,7 @@ def identity(kind: Reduction, dtype: DType) -> str:
         return literal(0 if lowest else 1, acc)
     if acc.is_float:
         return literal(-float("inf") if lowest else float("inf"), acc)
-    info = np.iinfo(acc.numpy)
+    info = ml_dtypes.iinfo(acc.numpy)
     return literal(info.min if lowest else info.max, acc)
 
 

@@ -5,7 +5,7 @@ The direct kernels serve what the libraries do not take (integer dtypes, unusual
 
 from __future__ import annotations
 
-import numpy as np
+import ml_dtypes
 
 from knopt.cuda.cexpr import (
     accumulate_dtype,
@@ -120,7 +120,7 @@ def emit_pool(ctx: LoweringContext, kernel: Kernel) -> None:
 def _lowest(dtype: DType) -> str:
     if dtype is DType.BOOL:
         return "false"
-    return literal(int(np.iinfo(dtype.numpy).min), dtype)
+    return literal(int(ml_dtypes.iinfo(dtype.numpy).min), dtype)
 
 
 def emit_conv_direct(ctx: LoweringContext, out_id: int, x: int, w: int, op: ops.Conv) -> None:

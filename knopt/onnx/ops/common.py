@@ -24,12 +24,27 @@ class PoolWindow:
 
 
 def axis_of(ctx: ImportContext, axis: int, rank: int) -> int:
-    """`axis` made non-negative, or an error naming the node."""
+    """`axis` made non-negative, or an error naming the node.
+
+    Raises:
+        UnsupportedModelError: If the tensor is a scalar, which has no axes (the IR's
+            `normalize_axis` takes axis 0 of rank 0; every importer reads `shape[axis]`).
+        InvalidGraphError: If the axis is out of range.
+    """
+    if rank == 0:
+        raise ctx.fail(f"axis {axis} of a scalar, which has no axes")
     return normalize_axis(axis, rank, ctx.where)
 
 
 def axes_of(ctx: ImportContext, axes: Sequence[int], rank: int) -> list[int]:
-    """Several axes made non-negative and sorted; duplicates are an error."""
+    """Several axes made non-negative and sorted; duplicates are an error.
+
+    Raises:
+        UnsupportedModelError: As `axis_of`, or if an axis repeats.
+        InvalidGraphError: As `axis_of`.
+    """
+    if rank == 0 and axes:
+        raise ctx.fail(f"axes {list(axes)} of a scalar, which has no axes")
     result = sorted(normalize_axis(int(a), rank, ctx.where) for a in axes)
     if len(set(result)) != len(result):
         raise ctx.fail(f"axes {list(axes)} repeat an axis")

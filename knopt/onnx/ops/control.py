@@ -113,6 +113,8 @@ def _loop(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     assert body is not None, "Loop's body is a required attribute"
     names = list(node.input) + [""] * 2
     trips = _known_scalar(ctx, ctx.lookup(names[0]) if names[0] else None, names[0], "trip count")
+    if isinstance(trips, float):  # M is int64: a float would need rounding, NaN has no integer
+        raise ctx.fail(f"the trip count must be an integer, not {trips}")
     go = _known_scalar(ctx, ctx.lookup(names[1]) if names[1] else None, names[1], "condition")
     carried: list[OnnxValue] = [ctx.lookup(n) for n in node.input[2:]]
     count = len(carried)

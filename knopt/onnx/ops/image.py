@@ -6,6 +6,7 @@ and one scatter-add places them; MaxUnpool scatters to the positions its indices
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 
@@ -19,10 +20,10 @@ from knopt.onnx.ops.tensor import pad_signed
 
 
 def _ints(ctx: ImportContext, node: onnx.NodeProto, index: int, what: str) -> list[int]:
-    known = ctx.known_input(node, index, what)
+    known = ctx.known_ints(node, index, what)
     if known is None:
         raise ctx.fail(f"input {index} ({what}) is required")
-    return [int(v) for v in known.reshape(-1)]
+    return known
 
 
 def col2im_positions(
@@ -151,7 +152,7 @@ def max_pool_indices(
     total = int(np.prod(sizes))
     flat = b.view(x, (n, c, total))
     values = b.gather(flat, b.constant(row_major.astype(np.int64)), axis=2)  # [N, C, O, K]
-    lowest = -np.inf if x.dtype.is_float else float(np.iinfo(x.dtype.numpy).min)
+    lowest = -np.inf if x.dtype.is_float else float(ml_dtypes.iinfo(x.dtype.numpy).min)
     values = b.where(b.constant(inside), values, b.scalar(lowest, x.dtype))
     best = b.arg_reduce(values, axis=3)  # [N, C, O, 1], the first maximum
     table = b.broadcast(

@@ -31,7 +31,13 @@ def _size_value(ctx: ImportContext, dim: Dim) -> Value:
 
 
 def wrapped_indices(ctx: ImportContext, indices: Value, size: Dim) -> Value:
-    """Indices as int64 with negatives wrapped into [0, size)."""
+    """Indices as int64 with negatives wrapped into [0, size).
+
+    Raises:
+        UnsupportedModelError: If the indices are not integers (a cast would truncate them).
+    """
+    if not indices.dtype.is_int:
+        raise ctx.fail(f"indices must be integers, not {indices.dtype.short}")
     b = ctx.builder
     idx = b.cast(indices, DType.I64)
     negative = b.binary(Binary.LESS, idx, b.constant(np.array(0, np.int64)))
@@ -70,7 +76,17 @@ def _gather_elements(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue
 
 
 def gather_elements(ctx: ImportContext, data: Value, indices: Value, axis: int) -> Value:
-    """ONNX GatherElements as a gather from the flattened data."""
+    """ONNX GatherElements as a gather from the flattened data.
+
+    Raises:
+        UnsupportedModelError: If `indices` and `data` differ in rank, or `indices` is longer
+            than `data` on another axis than `axis` (its positions would address the next row).
+    """
+    if indices.rank != data.rank:
+        raise ctx.fail(f"indices {indices.type} and data {data.type} differ in rank")
+    for d, (size, bound) in enumerate(zip(indices.shape, data.shape, strict=True)):
+        if d != axis and isinstance(size, int) and isinstance(bound, int) and size > bound:
+            raise ctx.fail(f"indices {indices.type} reach beyond data {data.type} on axis {d}")
     flat = ctx.builder.view(data, (numel(data.shape),))
     positions = _flat_element_indices(ctx, indices, data.shape, axis)
     return ctx.builder.gather(flat, positions, axis=0)

@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 
+from knopt.errors import UnsupportedModelError
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.op import Binary, Reduction, Unary
@@ -26,18 +27,31 @@ ML = "ai.onnx.ml"
 # ---- TfIdfVectorizer ---------------------------------------------------------------------
 
 
-def _pool_ngrams(attrs: Attributes, low: int, high: int) -> list[tuple[int, np.ndarray]]:
-    """The pool's n-grams of sizes `low..high`: (the global index of the first, `[G, n]`)."""
+def _pool_ngrams(
+    attrs: Attributes, low: int, high: int
+) -> tuple[list[tuple[int, np.ndarray]], int]:
+    """The pool's n-grams of sizes `low..high`, and how many n-grams the pool holds in all.
+
+    Each group is (the global index of its first n-gram, the n-grams `[G, n]`).
+
+    Raises:
+        UnsupportedModelError: If `ngram_counts` does not split the pool into whole n-grams.
+    """
     pool = np.array(attrs.ints("pool_int64s"), np.int64)
     starts = attrs.ints("ngram_counts")
     groups, first = [], 0
     for size, start in enumerate(starts, start=1):
         end = starts[size] if size < len(starts) else pool.size
+        if not 0 <= start <= end <= pool.size or (end - start) % size:
+            raise UnsupportedModelError(
+                f"{attrs.where}: ngram_counts {starts} do not split the {pool.size} pool entries "
+                "into whole n-grams"
+            )
         grams = pool[start:end].reshape(-1, size)
         if low <= size <= high and len(grams):
             groups.append((first, grams))
         first += len(grams)
-    return groups
+    return groups, first
 
 
 def _count(ctx: ImportContext, x: Value, grams: np.ndarray, distance: int) -> Value | None:
@@ -73,9 +87,15 @@ def _tfidf_vectorizer(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValu
         raise ctx.fail("TfIdfVectorizer needs mode TF, IDF or TFIDF and integer input")
     b = ctx.builder
     rows = x if x.rank == 2 else b.view(x, (1, x.shape[0]))
-    width = max(columns) + 1
+    groups, total = _pool_ngrams(attrs, low, high)
+    if len(columns) != total or min(columns, default=0) < 0:
+        raise ctx.fail(
+            f"ngram_indexes {columns} must give an output column (0 or more) to each of the "
+            f"pool's {total} n-grams"
+        )
+    width = max(columns, default=-1) + 1
     counts = None
-    for first, grams in _pool_ngrams(attrs, low, high):
+    for first, grams in groups:
         # Unigrams count once; longer n-grams once per spacing 1..max_skip_count + 1.
         for distance in range(1, (1 if grams.shape[1] == 1 else skips + 1) + 1):
             found = _count(ctx, rows, grams, distance)
@@ -173,6 +193,10 @@ def _tree_tables(attrs: Attributes) -> dict[str, list]:
     splits = attrs.tensor("nodes_splits")
     membership = attrs.tensor("membership_values")
     mode_table = attrs.tensor("nodes_modes")
+    if mode_table is not None and mode_table.dtype.kind not in "iu":  # uint8 codes
+        raise UnsupportedModelError(
+            f"{attrs.where}: attribute 'nodes_modes' must hold integers, not {mode_table.dtype}"
+        )
     modes = [] if mode_table is None else [int(m) for m in mode_table.reshape(-1)]
     members: dict[int, list[float]] = {}
     if membership is not None:  # NaN-separated sets, one per membership node in order

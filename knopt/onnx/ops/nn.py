@@ -25,8 +25,13 @@ MAX_SPATIAL = 3
 
 
 def _per_channel(ctx: ImportContext, v: Value, rank: int) -> Value:
-    """A `[C]` vector viewed as `[C, 1, ...]` so that it broadcasts over `[N, C, *spatial]`."""
-    return ctx.builder.view(v, (v.shape[0], *(1,) * (rank - 2)))
+    """A `[C]` vector viewed as `[C, 1, ...]` so that it broadcasts over `[N, C, *spatial]`.
+
+    Raises:
+        UnsupportedModelError: If `v` is not a vector.
+    """
+    (channels,) = ctx.shape_of(v, 1, "a per-channel input (scale, bias, mean or variance)")
+    return ctx.builder.view(v, (channels, *(1,) * (rank - 2)))
 
 
 def window_attributes(
@@ -485,6 +490,8 @@ def _log_softmax(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _hardmax(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     (x,) = ctx.inputs(node, count=1)
     prepared, axis, shape = _softmax_axis(ctx, node, x)
+    if prepared.shape[axis] == 0:  # an empty result, and no largest element to find
+        return [x]
     b = ctx.builder
     best = b.arg_reduce(prepared, axis=axis)
     positions = b.iota(prepared.shape[axis], DType.I64)

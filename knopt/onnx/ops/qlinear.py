@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
+import ml_dtypes
 import onnx
 
 from knopt.ir.dtype import DType
@@ -57,7 +57,7 @@ def _rounded(ctx: ImportContext, y: Value, dtype: DType) -> Value:
     value, as MLAS's float-to-int conversion and saturating packs give.
     """
     b = ctx.builder
-    info = np.iinfo(dtype.numpy)
+    info = ml_dtypes.iinfo(dtype.numpy)
     bounded = b.clamp(b.unary(Unary.ROUND, y), lo=info.min, hi=info.max)
     lowest = b.constant(info.min, DType.F32)
     return b.cast(b.where(b.unary(Unary.IS_NAN, bounded), lowest, bounded), dtype)

@@ -26,8 +26,7 @@ def _reduction_axes(ctx: ImportContext, node: onnx.NodeProto, x: Value) -> list[
         axes = attrs.ints("axes") if attrs.has("axes") else []
         noop = 0
     else:
-        known = ctx.known_input(node, 1, "axes")
-        axes = [] if known is None else [int(a) for a in known.reshape(-1)]
+        axes = ctx.known_ints(node, 1, "axes") or []
         noop = attrs.int("noop_with_empty_axes", 0)
     if not axes:
         return None if noop else list(range(x.rank))

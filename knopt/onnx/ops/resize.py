@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 import onnx
 
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
 from knopt.ir.op import Reduction, Unary
-from knopt.ir.shape import Dim, Sym
+from knopt.ir.shape import Dim
 from knopt.onnx.context import Attributes, ImportContext, OnnxValue, importer
 from knopt.onnx.ops.common import axes_of, static_dim
 
@@ -270,7 +271,7 @@ def _saturate(ctx: ImportContext, y: Value, dtype: DType) -> Value:
     """`y` converted back to the input's dtype as the reference does: integers round and clamp."""
     b = ctx.builder
     if dtype.is_int or dtype is DType.BOOL:
-        info = np.iinfo(dtype.numpy) if dtype.is_int else None
+        info = ml_dtypes.iinfo(dtype.numpy) if dtype.is_int else None
         y = b.unary(Unary.ROUND, y)
         if info is not None:
             y = b.clamp(y, lo=float(info.min), hi=float(info.max))
@@ -340,8 +341,8 @@ def _target(
         if len(scales) != len(axes):
             raise ctx.fail(f"scales {scales.tolist()} need one entry per resized axis")
         for axis, scale in zip(axes, scales.tolist(), strict=True):
-            if scale <= 0:
-                raise ctx.fail(f"scale {scale} must be positive")
+            if not 0 < scale < math.inf:  # NaN too: the output size is int(scale * size)
+                raise ctx.fail(f"scale {scale} must be positive and finite")
             factors[axis] = float(scale)
             out[axis] = (
                 x.shape[axis]
@@ -363,14 +364,14 @@ def _target(
 def _ratio(ctx: ImportContext, size: Dim, dim: Dim) -> float:
     if size == dim:
         return 1.0
-    return static_dim(ctx, size, "a resized axis") / static_dim(ctx, dim, "a resized axis")
+    source = static_dim(ctx, dim, "a resized axis")
+    if source == 0:
+        raise ctx.fail(f"an empty axis cannot be resized to {size} positions: nothing to sample")
+    return static_dim(ctx, size, "a resized axis") / source
 
 
 def _sizes_input(ctx: ImportContext, node: onnx.NodeProto, index: int) -> list[Dim] | None:
-    known = ctx.symbolic_input(node, index, "sizes")
-    if known is None or known.array.size == 0:
-        return None
-    return [v if isinstance(v, Sym) else int(v) for v in known.array.reshape(-1)]
+    return ctx.symbolic_ints(node, index, "sizes") or None
 
 
 def _scales_input(ctx: ImportContext, node: onnx.NodeProto, index: int) -> np.ndarray | None:

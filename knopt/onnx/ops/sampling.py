@@ -226,9 +226,9 @@ def _base_grid(sizes: list[int], align: bool) -> np.ndarray:
 def _affine_grid(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     theta = ctx.value(node.input[0])
     align = bool(ctx.attributes(node).int("align_corners", 0))
-    size = ctx.known_input(node, 1, "size")
+    size = ctx.known_ints(node, 1, "size")
     assert size is not None
-    sizes = [int(d) for d in size.reshape(-1)[2:]]
+    sizes = size[2:]
     b = ctx.builder
     n = theta.shape[0]
     base = b.constant(_base_grid(sizes, align).astype(theta.dtype.numpy))

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from knopt.ir.dtype import DType
-from knopt.ir.memory import check_shape
+from knopt.ir.memory import check_rank, check_shape
 from knopt.ir.shape import Dim, Sym, exact_div
 from knopt.onnx.context import ImportContext, Known, folder
 from knopt.onnx.ops.common import axes_of, axis_of
@@ -149,8 +149,9 @@ def _gather(
     data, indices = args
     assert data is not None and indices is not None
     axis = axis_of(ctx, ctx.attributes(node).int("axis", 0), data.array.ndim)
-    if indices.is_symbolic:
+    if _unfit_parameters(args):
         return None
+    check_rank(data.array.ndim - 1 + indices.array.ndim, ctx.where)
     size = data.array.shape[axis]
     idx = indices.concrete().astype(np.int64)
     if idx.size and (idx.min() < -size or idx.max() >= size):
@@ -178,7 +179,7 @@ def _concat(
 def _unsqueeze(
     ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
 ) -> list[Known] | None:
-    if _symbolic_parameters(args):
+    if _unfit_parameters(args):
         return None
     x = args[0]
     assert x is not None
@@ -186,6 +187,7 @@ def _unsqueeze(
     if axes is None:
         return None
     rank = x.array.ndim + len(axes)
+    check_rank(rank, ctx.where)
     positions = axes_of(ctx, axes, rank)
     shape = list(x.array.shape)
     for p in positions:
@@ -197,7 +199,7 @@ def _unsqueeze(
 def _squeeze(
     ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
 ) -> list[Known] | None:
-    if _symbolic_parameters(args):
+    if _unfit_parameters(args):
         return None
     x = args[0]
     assert x is not None
@@ -213,9 +215,12 @@ def _squeeze(
     return [Known(x.array.reshape([d for i, d in enumerate(shape) if i not in drop]), x.dtype)]
 
 
-def _symbolic_parameters(args: list[Known | None]) -> bool:
-    """Whether an input after the data (axes, say) holds symbolic sizes: the importer decides."""
-    return any(a is not None and a.is_symbolic for a in args[1:])
+def _unfit_parameters(args: list[Known | None]) -> bool:
+    """Whether an input after the data (axes, say) is symbolic or not of an integer type.
+
+    The importer then decides, and names what is wrong.
+    """
+    return any(a is not None and (a.is_symbolic or not a.dtype.is_int) for a in args[1:])
 
 
 def _axes(ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]) -> list[int] | None:
@@ -232,7 +237,7 @@ def _slice(
     ctx: ImportContext, node: onnx.NodeProto, args: list[Known | None]
 ) -> list[Known] | None:
     ctx.attributes(node)
-    if ctx.opset < 10 or any(a is not None and a.is_symbolic for a in args[1:]):
+    if ctx.opset < 10 or _unfit_parameters(args):
         return None
     x = args[0]
     assert x is not None
@@ -263,9 +268,10 @@ def _reshape(
     allow_zero = ctx.attributes(node).int("allowzero", 0)
     x, shape = args
     assert x is not None and shape is not None
-    if shape.is_symbolic:
+    if _unfit_parameters(args):
         return None
     requested: list[Dim] = [int(d) for d in shape.concrete().reshape(-1)]
+    check_rank(len(requested), ctx.where)
     target = reshape_target(ctx, x.array.shape, requested, bool(allow_zero))
     sizes = [d for d in target if isinstance(d, int) and d >= 0]
     if len(sizes) != len(target) or math.prod(sizes) != x.array.size:
@@ -281,7 +287,7 @@ def _reduce_prod(
     keepdims = bool(attrs.int("keepdims", 1))
     x = args[0]
     assert x is not None
-    if _symbolic_parameters(args):
+    if _unfit_parameters(args):
         return None
     if ctx.opset < 18:
         axes = attrs.ints("axes") if attrs.has("axes") else None
@@ -314,7 +320,7 @@ def _expand(
     ctx.attributes(node)
     x, shape = args
     assert x is not None and shape is not None
-    if shape.is_symbolic:
+    if _unfit_parameters(args):
         return None
     target = _broadcast(ctx, x.array.shape, tuple(int(d) for d in shape.concrete()))
     return [_result(np.broadcast_to(_objects(x), target).copy(), x.dtype)]
@@ -322,6 +328,7 @@ def _expand(
 
 def _broadcast(ctx: ImportContext, *shapes: tuple[int, ...]) -> tuple[int, ...]:
     """The broadcast of known shapes, checked against the memory budget (objects: 8 bytes)."""
+    check_rank(max((len(s) for s in shapes), default=0), ctx.where)
     try:
         target = np.broadcast_shapes(*shapes)
     except ValueError as err:

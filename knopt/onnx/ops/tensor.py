@@ -9,7 +9,7 @@ import onnx
 
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Value
-from knopt.ir.memory import check_shape
+from knopt.ir.memory import check_rank, check_shape
 from knopt.ir.op import Binary, PadMode
 from knopt.ir.shape import Dim, Sym, broadcast_shapes, exact_div, numel
 from knopt.onnx.context import ImportContext, Known, OnnxValue, importer
@@ -60,10 +60,11 @@ def _constant_of_shape(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxVal
 def _shape_input(
     ctx: ImportContext, node: onnx.NodeProto, index: int, what: str
 ) -> tuple[Dim, ...]:
-    known = ctx.symbolic_input(node, index, what)
+    known = ctx.symbolic_ints(node, index, what)
     if known is None:
         raise ctx.fail(f"input {index} ({what}) is required")
-    dims = tuple(v if isinstance(v, Sym) else int(v) for v in known.array.reshape(-1))
+    dims = tuple(known)
+    check_rank(len(dims), f"{ctx.where}: input {index} ({what})")
     if any(isinstance(d, int) and d < 0 for d in dims):
         raise ctx.fail(f"{what} {list(dims)} has a negative size")
     return dims
@@ -114,10 +115,10 @@ def _reshape(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
 def _signed_shape_input(
     ctx: ImportContext, node: onnx.NodeProto, index: int, what: str
 ) -> list[Dim]:
-    known = ctx.symbolic_input(node, index, what)
+    known = ctx.symbolic_ints(node, index, what)
     if known is None:
         raise ctx.fail(f"input {index} ({what}) is required")
-    return [v if isinstance(v, Sym) else int(v) for v in known.array.reshape(-1)]
+    return known
 
 
 def reshape_target(
@@ -167,8 +168,7 @@ def _axes_input_or_attribute(
     attrs = ctx.attributes(node)
     if ctx.opset < since:
         return attrs.ints("axes") if attrs.has("axes") else None
-    axes = ctx.known_input(node, index, "axes")
-    return None if axes is None else [int(a) for a in axes.reshape(-1)]
+    return ctx.known_ints(node, index, "axes")
 
 
 @importer("Squeeze")
@@ -235,8 +235,7 @@ def _split(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     if ctx.opset < 13:
         sizes = attrs.ints("split") if attrs.has("split") else None
     else:
-        known = ctx.known_input(node, 1, "split")
-        sizes = None if known is None else [int(s) for s in known.reshape(-1)]
+        sizes = ctx.known_ints(node, 1, "split")
     if ctx.opset >= 18 and attrs.has("num_outputs") and attrs.int("num_outputs") != count:
         raise ctx.fail(
             f"num_outputs is {attrs.int('num_outputs')} but the node has {count} outputs"
@@ -270,16 +269,10 @@ def _slice(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
     else:
         starts = _signed_shape_input(ctx, node, 1, "starts")
         ends = _signed_shape_input(ctx, node, 2, "ends")
-        known_axes = ctx.known_input(node, 3, "axes")
-        axes = (
-            list(range(len(starts)))
-            if known_axes is None
-            else [int(a) for a in known_axes.reshape(-1)]
-        )
-        known_steps = ctx.known_input(node, 4, "steps")
-        steps = (
-            [1] * len(starts) if known_steps is None else [int(s) for s in known_steps.reshape(-1)]
-        )
+        known_axes = ctx.known_ints(node, 3, "axes")
+        axes = list(range(len(starts))) if known_axes is None else known_axes
+        known_steps = ctx.known_ints(node, 4, "steps")
+        steps = [1] * len(starts) if known_steps is None else known_steps
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise ctx.fail(
             f"starts {starts}, ends {ends}, axes {axes} and steps {steps} differ in length"
@@ -392,18 +385,14 @@ def _pad(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
         value = attrs.float("value", 0.0)
         axes = list(range(x.rank))
     else:
-        known = ctx.known_input(node, 1, "pads")
+        known = ctx.known_ints(node, 1, "pads")
         if known is None:
             raise ctx.fail("Pad needs pads")
-        pads = [int(p) for p in known.reshape(-1)]
+        pads = known
         constant = ctx.known_input(node, 2, "constant_value")
         value = 0.0 if constant is None or constant.size == 0 else float(constant.reshape(-1)[0])
-        known_axes = ctx.known_input(node, 3, "axes")
-        axes = (
-            list(range(x.rank))
-            if known_axes is None
-            else axes_of(ctx, known_axes.reshape(-1).tolist(), x.rank)
-        )
+        known_axes = ctx.known_ints(node, 3, "axes")
+        axes = list(range(x.rank)) if known_axes is None else axes_of(ctx, known_axes, x.rank)
     if len(pads) != 2 * len(axes):
         raise ctx.fail(f"pads {pads} need two entries per padded axis")
     widths = [(0, 0)] * x.rank
@@ -446,7 +435,10 @@ def _range(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue]:
             raise ctx.fail("Range with delta 0 never reaches its limit")
         if not all(np.isfinite(v) for v in (s, lim, d)):
             raise ctx.fail(f"Range from {s} to {lim} by {d} is not finite")
-        count = max(math.ceil((lim - s) / d), 0)
+        steps = (lim - s) / d  # finite bounds can still overflow: 1e308 - -1e308 is inf
+        if not math.isfinite(steps):
+            raise ctx.fail(f"Range from {s} to {lim} by {d} has {steps} elements")
+        count = max(math.ceil(steps), 0)
         check_shape([count], dtype.numpy.itemsize, ctx.where)
         values = (s + np.arange(count) * d).astype(dtype.numpy)
         return [Known(values, dtype)]

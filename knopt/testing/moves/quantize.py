@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from knopt.ir.dtype import DType
@@ -22,14 +23,14 @@ EIGHT_BIT = (DType.U8, DType.I8)
 
 def _codes(gen: GraphGen, shape: tuple[int, ...], dtype: DType) -> Value:
     """A constant of random 8-bit codes (every value possible)."""
-    info = np.iinfo(dtype.numpy)
+    info = ml_dtypes.iinfo(dtype.numpy)
     array = gen.rng.integers(info.min, int(info.max) + 1, shape).astype(dtype.numpy)
     return gen.builder.constant(array)
 
 
 def _zero(gen: GraphGen, dtype: DType) -> Value:
     """A scalar zero point: 0 (symmetric), or any value of the type."""
-    info = np.iinfo(dtype.numpy)
+    info = ml_dtypes.iinfo(dtype.numpy)
     value = 0 if gen.boolean(0.3) else gen.integer(int(info.min), int(info.max))
     return gen.builder.constant(np.array(value, dtype=dtype.numpy))
 
@@ -87,7 +88,7 @@ def int4_matmul(gen: GraphGen) -> Value | None:
 def _round_to_codes(gen: GraphGen, x: Value, scale: Value, zero: Value, dtype: DType) -> Value:
     """QuantizeLinear as the importer spells it (saturating, NaN to the lowest code)."""
     g = gen.builder
-    info = np.iinfo(dtype.numpy)
+    info = ml_dtypes.iinfo(dtype.numpy)
     whole = g.add(g.unary(Unary.ROUND, g.div(x, scale)), g.cast(zero, x.dtype))
     bounded = g.clamp(whole, lo=float(info.min), hi=float(info.max))
     lowest = g.constant(np.array(info.min, dtype=x.dtype.numpy))

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from knopt.cpu.elementwise import NUMPY_UNARY
@@ -396,7 +397,7 @@ def _int_body(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None
 def _quantized(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     e, y, scale, zero, lo, dtype = args
     t = DType[dtype]
-    info = np.iinfo(t.numpy)
+    info = ml_dtypes.iinfo(t.numpy)
     x = ctx.values.value(y.id)
     with np.errstate(all="ignore"):
         codes = np.round(x / x.dtype.type(scale)) + x.dtype.type(zero)
