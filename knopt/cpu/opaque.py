@@ -33,13 +33,14 @@ def run_opaque(op: ops.Opaque, *args: np.ndarray) -> np.ndarray:
     try:
         (found,) = evaluator.run([f"out{op.output}"], feeds)
     except Exception as err:  # onnx's kernels raise what numpy raises: any error is a failure
-        raise RunError(f"onnx's reference evaluator failed on {op.call}: {err}") from err
+        raise RunError(f"{_where(op.call)}: onnx's reference evaluator failed: {err}") from err
     result = np.asarray(found)
     expected = op.tensor_type
     if result.shape != expected.shape or result.dtype != expected.dtype.numpy:
         raise RunError(
-            f"{op.call} computed {result.dtype}{list(result.shape)}, but the model declares "
-            f"{expected.dtype.numpy}{format_shape(expected.shape)} for its output {op.output}"
+            f"{_where(op.call)} computed {result.dtype}{list(result.shape)}, but the model "
+            f"declares {expected.dtype.numpy}{format_shape(expected.shape)} for its output "
+            f"{op.output}"
         )
     return result
 

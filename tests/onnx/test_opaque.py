@@ -15,6 +15,7 @@ from knopt.ir.op import Opaque
 from knopt.ir.program import OPAQUE
 from knopt.ir.shape import Sym, sym
 from knopt.onnx.load import import_model
+from tests.cpu.test_opaque import bitcast_model
 from tests.oracle import run_onnxruntime
 
 F32 = TensorProto.FLOAT
@@ -219,56 +220,8 @@ def test_an_unused_output_needs_no_type() -> None:
     assert [op.output for op in _opaque_nodes(graph)] == [0]
 
 
-def _bitcast_model() -> onnx.ModelProto:
-    """A standard op knopt lacks (BitCast, opset 26) between ops it has."""
-    nodes = [
-        helper.make_node("Abs", ["x"], ["a"], name="abs"),
-        helper.make_node("BitCast", ["a"], ["bits"], name="bitcast", to=TensorProto.INT32),
-        helper.make_node("BitShift", ["bits_u"], ["shifted"], name="shift", direction="RIGHT"),
-        helper.make_node("Cast", ["bits"], ["bits_u"], name="to_u", to=TensorProto.UINT32),
-        helper.make_node("Cast", ["shifted"], ["y"], name="to_f", to=TensorProto.FLOAT),
-    ]
-    nodes[2].input.append("by")
-    graph = helper.make_graph(
-        [nodes[0], nodes[1], nodes[3], nodes[2], nodes[4]],
-        "bitcast",
-        [helper.make_tensor_value_info("x", F32, ["n", 4])],
-        [helper.make_tensor_value_info("y", F32, ["n", 4])],
-        [numpy_helper.from_array(np.array([23], dtype=np.uint32), "by")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 26)])
-    model.ir_version = 10
-    return model
-
-
-@pytest.mark.parametrize("optimize", [False, True], ids=["as-loaded", "optimized"])
-def test_a_standard_op_knopt_lacks_runs_on_the_cpu_as_onnxruntime_does(
-    optimize: bool, rng: np.random.Generator
-) -> None:
-    model = _bitcast_model()
-    graph = knopt.load(model.SerializeToString())
-    assert [op.call.op_type for op in _opaque_nodes(graph)] == ["BitCast"]
-    session = knopt.compile(graph, optimize=optimize)
-    for n in (1, 5):
-        feeds = {"x": rng.uniform(-4, 4, (n, 4)).astype(np.float32)}
-        (expected,) = run_onnxruntime(model, feeds)
-        (actual,) = session.run(None, feeds)
-        np.testing.assert_array_equal(actual, expected)  # the float's exponent bits
-
-
-def test_the_cpu_refuses_an_op_the_reference_evaluator_lacks_before_running() -> None:
-    graph = knopt.load(_fast_gelu_model().SerializeToString())
-    with pytest.raises(UnsupportedOpError, match=r"'gelu'.*CPU.*--target onnx") as caught:
-        knopt.compile(graph)
-    assert (caught.value.op_type, caught.value.domain, caught.value.node) == (
-        "FastGelu",
-        "com.microsoft",
-        "gelu",
-    )
-
-
 def test_a_kept_op_at_a_newer_opset_than_written_is_refused() -> None:
-    graph = knopt.load(_bitcast_model().SerializeToString())
+    graph = knopt.load(bitcast_model().SerializeToString())
     with pytest.raises(UnsupportedModelError, match=r"'bitcast'.*write opset 26"):
         knopt.save(graph, opset=18)
     saved = knopt.save(graph, opset=26)
