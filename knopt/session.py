@@ -22,6 +22,7 @@ from knopt.cache import ProgramCache, open_cache
 from knopt.cpu.executor import run_graph
 from knopt.cpu.opaque import cpu_refusal
 from knopt.errors import InputError, KnoptError, UsageError
+from knopt.ir import op as ops
 from knopt.ir.bind import bind_symbols, infer_sizes
 from knopt.ir.dims import SizeProfile
 from knopt.ir.graph import Graph
@@ -34,7 +35,6 @@ from knopt.ir.kvcache import (
     describe_cache,
 )
 from knopt.ir.kvcache import widen_mask as widen_cache_mask
-from knopt.ir.op import Opaque
 from knopt.onnx.load import import_model, input_sizes, input_symbols
 from knopt.opt.cost import DeviceProfile, find_profile
 from knopt.opt.optimize import OptimizeResult
@@ -376,7 +376,7 @@ def _check_opaque_ops(graph: Graph, device: str) -> None:
         if problem is not None:
             raise problem
         return
-    opaque = next((n.op for n in graph.nodes if isinstance(n.op, Opaque)), None)
+    opaque = next((n.op for n in graph.nodes if isinstance(n.op, ops.Opaque)), None)
     if opaque is not None:
         from knopt.cuda.lower import gpu_refusal
 

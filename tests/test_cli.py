@@ -328,7 +328,16 @@ def test_result_and_session_reprs_are_one_short_line() -> None:
 
 def test_optimize_names_its_keywords() -> None:
     parameters = inspect.signature(knopt.optimize).parameters
-    assert list(parameters) == ["graph", "rules", "profile", "limits", "ilp", "sizes", "progress"]
+    assert list(parameters) == [
+        "graph",
+        "rules",
+        "profile",
+        "limits",
+        "ilp",
+        "sizes",
+        "progress",
+        "strict",
+    ]
     engine = inspect.signature(run_optimizer).parameters
     for name in list(parameters)[1:]:
         assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY

@@ -71,7 +71,7 @@ def import_opaque(
     if not domain and not onnx.defs.has(node.op_type, version, ""):
         raise ctx.fail(
             f"op {name} is not an ONNX op at opset {version}, nor one knopt knows; fix the op "
-            "type or register its domain"
+            "type or give it a domain (`knopt info MODEL` lists every node of an op knopt lacks)"
         )
     if any(a.type in _SUBGRAPHS for a in node.attribute):
         raise ctx.fail(
