@@ -250,7 +250,7 @@ class Emitter:
 def _since(op_type: str, opset: int) -> int | None:
     """The version of the default domain's `op_type` in force at `opset` (None: no such op)."""
     try:
-        return int(onnx.defs.get_schema(op_type, opset, "").since_version)
+        return int(onnx.defs.get_schema(op_type, min(opset, 2**31 - 1), "").since_version)
     except onnx.defs.SchemaError:
         return None
 

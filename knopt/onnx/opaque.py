@@ -36,6 +36,7 @@ from knopt.ir.shape import Dim, sym
 from knopt.onnx.context import ImportContext, OnnxValue, WholeModel
 
 _SUBGRAPHS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+_INT32_MAX = 2**31 - 1  # onnx's schema lookups take an int32 version
 _INFERENCE_WEIGHT_LIMIT = 1024  # initializers above this many elements go to inference as inputs
 
 
@@ -68,7 +69,7 @@ def import_opaque(
             f"op {name} is not supported at opset {version} (`knopt info MODEL` lists every "
             "unsupported node; without --strict, knopt keeps such nodes as they are)"
         )
-    if not domain and not onnx.defs.has(node.op_type, version, ""):
+    if not domain and not onnx.defs.has(node.op_type, min(version, _INT32_MAX), ""):
         raise ctx.fail(
             f"op {name} is not an ONNX op at opset {version}, nor one knopt knows; fix the op "
             "type or give it a domain (`knopt info MODEL` lists every node of an op knopt lacks)"
