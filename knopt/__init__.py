@@ -29,6 +29,7 @@ from knopt.errors import (
     RunError,
     SymbolicSizeError,
     UnsupportedModelError,
+    UnsupportedOpError,
     UsageError,
 )
 from knopt.ir.dims import SizeProfile, SizeRange
@@ -51,20 +52,31 @@ if TYPE_CHECKING:
     from knopt.opt.rules import RuleFile
 
 
-def load(source: str | os.PathLike[str] | bytes, dims: Mapping[str, int] | None = None) -> Graph:
+def load(
+    source: str | os.PathLike[str] | bytes,
+    dims: Mapping[str, int] | None = None,
+    *,
+    strict: bool = False,
+) -> Graph:
     """Load an ONNX model (a path or the bytes of one) as an IR graph.
+
+    A node of an op knopt lacks is kept as it is, an opaque op: the optimizer works around it,
+    `save` writes it back unchanged, and the CPU runs it where onnx's reference evaluator has
+    the op.
 
     Args:
         source: The model file, or its contents.
         dims: Values for symbolic input sizes, by name (such as `{"batch": 1}`); sizes not
             given stay symbolic and are bound when the model runs.
+        strict: Refuse ops knopt lacks instead of keeping them.
 
     Raises:
         InvalidModelError: If the file is not a readable ONNX model.
-        UnsupportedModelError: If the model uses something knopt does not support.
+        UnsupportedModelError: If the model uses something knopt does not support (with
+            `strict`, any op it lacks).
         InvalidGraphError: If the model's graph is malformed.
     """
-    return import_model(load_model(source), dims)
+    return import_model(load_model(source), dims, strict=strict)
 
 
 def save(
@@ -106,6 +118,7 @@ def optimize(
     ilp: bool = True,
     sizes: Mapping[str, int] | None = None,
     progress: Callable[[str], None] | None = None,
+    strict: bool = False,
 ) -> OptimizeResult:
     """Optimize a graph by equality saturation and cost-based extraction.
 
@@ -122,6 +135,8 @@ def optimize(
         ilp: Whether to refine extraction with an ILP where it can pay off.
         sizes: The representative value of named symbolic sizes, at which kernels are costed.
         progress: Called with a short line as each phase starts, for a status display.
+        strict: Refuse a graph that holds opaque ops (ONNX nodes of ops knopt lacks, kept as
+            they are); without it, the optimizer works around them.
 
     Returns:
         The optimized graph (`.graph`), its kernels (`.program`) and what was done (`.report`).
@@ -129,9 +144,17 @@ def optimize(
     Raises:
         RuleFileError: If a rule file is malformed.
         OptimizeError: If the rules or extraction produce something unusable.
+        UnsupportedOpError: With `strict`, if the graph holds an opaque op.
     """
     return run_optimizer(
-        graph, rules=rules, profile=profile, limits=limits, ilp=ilp, sizes=sizes, progress=progress
+        graph,
+        rules=rules,
+        profile=profile,
+        limits=limits,
+        ilp=ilp,
+        sizes=sizes,
+        progress=progress,
+        strict=strict,
     )
 
 
@@ -146,6 +169,7 @@ def compile(
     resident: Mapping[str, str] | None = None,
     cache_mask: str | None = None,
     cache: str | os.PathLike[str] | ProgramCache | None = None,
+    strict: bool = False,
 ) -> Session:
     """Prepare a model to run on a device, for every size its symbolic dimensions take.
 
@@ -177,11 +201,14 @@ def compile(
             the optimized program is read from it if there, else made and written for the
             others (on cuda, with NVRTC's cubins). Entries of another knopt build, GPU, model
             or profile are ignored.
+        strict: Refuse ops knopt lacks when loading, instead of keeping them as they are
+            (opaque ops, which the CPU runs where onnx's reference evaluator has the op).
 
     Raises:
         UsageError: If the device or precision is unknown, or not f32 on "cpu".
         KnoptError: If loading fails or the device is not available.
         InputError: If `dims` names a size the model does not have, or a range is malformed.
+        UnsupportedOpError: If the model holds an op knopt lacks that the device cannot run.
     """
     options: dict[str, Any] = {
         "precision": precision,
@@ -197,7 +224,7 @@ def compile(
     ranges = SizeProfile.parse(dims, input_symbols(proto))
     fixed = ranges.fixed
     try:
-        graph = import_model(proto, fixed)
+        graph = import_model(proto, fixed, strict=strict)
     except SymbolicSizeError:
         # Only fixed sizes import (an RNN over a dynamic sequence, ...): import at each run.
         if resident:
@@ -222,6 +249,7 @@ __all__ = [
     "Session",
     "SymbolicSizeError",
     "UnsupportedModelError",
+    "UnsupportedOpError",
     "UsageError",
     "__version__",
     "compile",

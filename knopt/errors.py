@@ -18,6 +18,25 @@ class UnsupportedModelError(KnoptError):
     """The model uses an op, attribute, dtype or shape that knopt does not support."""
 
 
+class UnsupportedOpError(UnsupportedModelError):
+    """A device cannot run an op knopt keeps as it is (an opaque op: a node of an op it lacks).
+
+    `knopt optimize` (`--target onnx`) writes such nodes back unchanged, for a runtime that
+    has the op.
+
+    Attributes:
+        op_type: The ONNX op type.
+        domain: Its domain ('' for the default one).
+        node: The ONNX node's name.
+    """
+
+    def __init__(self, message: str, op_type: str, domain: str, node: str) -> None:
+        super().__init__(message)
+        self.op_type = op_type
+        self.domain = domain
+        self.node = node
+
+
 class InvalidGraphError(KnoptError):
     """An IR graph breaks an invariant: a cycle, a dangling value, a shape that cannot be."""
 

@@ -20,7 +20,9 @@ import numpy as np
 
 from knopt.cache import ProgramCache, open_cache
 from knopt.cpu.executor import run_graph
+from knopt.cpu.opaque import cpu_refusal
 from knopt.errors import InputError, KnoptError, UsageError
+from knopt.ir import op as ops
 from knopt.ir.bind import bind_symbols, infer_sizes
 from knopt.ir.dims import SizeProfile
 from knopt.ir.graph import Graph
@@ -109,6 +111,9 @@ class Session:
             "cpu" (on "best" without a GPU, that is a warning and the run is in f32).
         KnoptError: If "cuda" has no usable GPU, or the resident pairs are not caches.
         InputError: If `dims` names a size the model does not have or a range is malformed.
+        UnsupportedOpError: If the graph holds an op knopt keeps as it is (an opaque op) that
+            the device cannot run: any on "cuda"; on "cpu", one onnx's reference evaluator
+            lacks.
     """
 
     def __init__(
@@ -127,6 +132,7 @@ class Session:
         self.graph = graph
         self.dims = SizeProfile.parse(dims, graph.symbols())
         self._prepare(device, precision, optimize, profile, cache)
+        _check_opaque_ops(graph, self.device)
         if self._cuda is not None:
             self._cuda.dims = self.dims
             self._cuda.stats = self.stats
@@ -363,6 +369,25 @@ class Session:
         return remember(self._bound, tuple(sorted(sizes.items())), bind, SIZES_KEPT)
 
 
+def _check_opaque_ops(graph: Graph, device: str) -> None:
+    """Refuse, before any work, an opaque op (an ONNX node knopt keeps) the device cannot run.
+
+    Raises:
+        UnsupportedOpError: On "cuda", for any opaque op; on "cpu", for one that onnx's
+            reference evaluator lacks or whose output sizes no input gives.
+    """
+    if device == "cpu":
+        problem = cpu_refusal(graph)
+        if problem is not None:
+            raise problem
+        return
+    opaque = next((n.op for n in graph.nodes if isinstance(n.op, ops.Opaque)), None)
+    if opaque is not None:
+        from knopt.cuda.lower import gpu_refusal
+
+        raise gpu_refusal(opaque.call)
+
+
 def _check_cpu_precision(requested: str, precision: str) -> None:
     """The CPU executor computes in f32 only: refuse another precision asked of it.
 
@@ -448,7 +473,9 @@ class PerSizeSession(Session):
 
         def load() -> Graph:
             self.stats.bindings += 1
-            return import_model(self.model, sizes)
+            graph = import_model(self.model, sizes)
+            _check_opaque_ops(graph, self.device)
+            return graph
 
         self.graph = remember(self._bound, key, load, SIZES_KEPT)
         if self._cuda is not None:

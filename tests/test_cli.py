@@ -328,7 +328,16 @@ def test_result_and_session_reprs_are_one_short_line() -> None:
 
 def test_optimize_names_its_keywords() -> None:
     parameters = inspect.signature(knopt.optimize).parameters
-    assert list(parameters) == ["graph", "rules", "profile", "limits", "ilp", "sizes", "progress"]
+    assert list(parameters) == [
+        "graph",
+        "rules",
+        "profile",
+        "limits",
+        "ilp",
+        "sizes",
+        "progress",
+        "strict",
+    ]
     engine = inspect.signature(run_optimizer).parameters
     for name in list(parameters)[1:]:
         assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY
@@ -460,3 +469,62 @@ def test_optimize_reports_each_phase_to_its_progress_callback() -> None:
         ["kernels:", "saturating"],
         ["kernels:", "extracting"],
     ]
+
+
+# ---- ops knopt lacks, kept as they are -----------------------------------------------------
+
+
+def _model_with_a_contrib_op(path: Path) -> Path:
+    """x -> Relu -> com.microsoft.FastGelu -> Relu -> y, with the contrib op's output declared."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="first"),
+        helper.make_node("FastGelu", ["a"], ["g"], name="gelu", domain="com.microsoft"),
+        helper.make_node("Relu", ["g"], ["y"], name="last"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "contrib",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        value_info=[helper.make_tensor_value_info("g", TensorProto.FLOAT, [2, 3])],
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), path)
+    return path
+
+
+def test_info_and_optimize_keep_an_op_knopt_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = _model_with_a_contrib_op(tmp_path / "contrib.onnx")
+    assert main(["info", str(model)]) == 0
+    out = capsys.readouterr().out
+    assert "ops knopt lacks, kept as they are" in out
+    assert "com.microsoft.FastGelu: 'gelu'" in out
+    assert "Opaque[com.microsoft.FastGelu]" in out  # among the IR ops
+    assert main(["optimize", str(model), "-o", str(tmp_path / "o.onnx"), "--explain"]) == 0
+    assert "opaque[Opaque[com.microsoft.FastGelu]]" in capsys.readouterr().out
+    feeds = {"x": np.random.default_rng(3).uniform(-2, 2, (2, 3)).astype(np.float32)}
+    saved = onnx.load(tmp_path / "o.onnx")
+    assert [n.op_type for n in saved.graph.node] == ["Relu", "FastGelu", "Relu"]
+    np.testing.assert_allclose(
+        run_onnxruntime(saved, feeds)[0], run_onnxruntime(onnx.load(model), feeds)[0], rtol=1e-6
+    )
+
+
+def test_strict_optimize_and_running_an_op_knopt_cannot_run_exit_1_with_one_line(
+    tmp_path: Path,
+) -> None:
+    model = _model_with_a_contrib_op(tmp_path / "contrib.onnx")
+    commands = [
+        ["optimize", model, "-o", tmp_path / "o.onnx", "--strict"],
+        ["run", model],
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        strict, run = pool.map(lambda args: knopt_process(*args), commands)
+    assert strict.returncode == 1
+    assert "op com.microsoft.FastGelu is not supported" in error_line(strict)
+    assert not (tmp_path / "o.onnx").exists()
+    assert run.returncode == 1
+    line = error_line(run)
+    assert "node 'gelu' (com.microsoft.FastGelu)" in line and "--target onnx" in line

@@ -13,6 +13,8 @@ hash of everything that determines what a graph computes.
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import enum
 import hashlib
 import json
@@ -143,6 +145,9 @@ def _encode(value: Any, constant: Callable[[ops.ConstData], Encoded]) -> Encoded
         return {"type": [_encode(value.shape, constant), _encode(value.dtype, constant)]}
     if isinstance(value, ops.ConstData):
         return {"const": constant(value)}
+    if isinstance(value, ops.OpaqueCall):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return {"opaque": {**fields, "node": base64.b64encode(value.node).decode()}}
     raise KnoptError(f"cannot encode an op attribute of type {type(value).__name__}")
 
 
@@ -164,6 +169,8 @@ def _decode(value: Encoded, arrays: Sequence[np.ndarray]) -> Any:
         return ops.TensorType(_decode(shape, arrays), _decode(dtype, arrays))
     if tag == "const":
         return ops.ConstData(arrays[body])
+    if tag == "opaque":
+        return ops.OpaqueCall(**{**body, "node": base64.b64decode(body["node"], validate=True)})
     raise ValueError(f"unknown attribute tag {tag!r}")
 
 

@@ -10,7 +10,7 @@ import onnx
 from knopt.commands.common import parse_dims
 from knopt.errors import KnoptError
 from knopt.onnx.load import default_opset, import_model, input_symbols, load_model
-from knopt.onnx.support import find_unsupported
+from knopt.onnx.support import UnsupportedNode, find_unsupported
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -18,7 +18,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "info",
         help="describe a model: inputs, outputs, op counts and unsupported ops",
-        description="Describe an ONNX model. Exits with status 1 if knopt cannot import it.",
+        description="Describe an ONNX model, with the nodes of ops knopt lacks (kept as they "
+        "are). Exits with status 1 if knopt cannot import it.",
     )
     parser.add_argument("model", help="the .onnx file")
     parser.add_argument(
@@ -32,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the description; 1 if some op is unsupported or the import fails, else 0."""
+    """Print the description; 1 if the import fails, else 0 (ops knopt lacks are kept)."""
     model = load_model(args.model)
     dims = parse_dims(args.dims, input_symbols(model))
     opset = default_opset(model)
@@ -48,22 +49,32 @@ def run(args: argparse.Namespace) -> int:
     print(f"ONNX ops ({len(model.graph.node)} nodes):")
     _print_histogram(Counter(_op_name(node) for node in model.graph.node))
     unsupported = find_unsupported(model, opset)
-    if unsupported:
-        print(f"unsupported ops ({len(unsupported)} nodes):")
-        by_op: dict[str, list[str]] = {}
-        for entry in unsupported:
-            by_op.setdefault(entry.op_type, []).append(entry.node)
-        for op_type, nodes in sorted(by_op.items()):
-            print(f"  {op_type}: {', '.join(repr(n) for n in nodes)}")
-        return 1
     try:
         graph = import_model(model, dims)
     except KnoptError as err:
+        _print_nodes("unsupported ops", unsupported)
         print(f"cannot import: {err}")
         return 1
+    _print_nodes(
+        "ops knopt lacks, kept as they are (optimized around; `knopt optimize --strict` refuses "
+        "them)",
+        unsupported,
+    )
     print(f"IR ops ({len(graph.nodes)} nodes):")
     _print_histogram(graph.op_histogram())
     return 0
+
+
+def _print_nodes(heading: str, entries: list[UnsupportedNode]) -> None:
+    """The nodes of ops knopt has no importer for, by op."""
+    if not entries:
+        return
+    print(f"{heading} ({len(entries)} nodes):")
+    by_op: dict[str, list[str]] = {}
+    for entry in entries:
+        by_op.setdefault(entry.op_type, []).append(entry.node)
+    for op_type, nodes in sorted(by_op.items()):
+        print(f"  {op_type}: {', '.join(repr(n) for n in nodes)}")
 
 
 def _producer(model: onnx.ModelProto) -> str:

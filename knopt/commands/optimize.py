@@ -89,6 +89,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-ilp", action="store_true", help="skip the exact ILP extraction")
     parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a model with ops knopt lacks (by default such a node is kept as it is: "
+        "the optimizer works around it and the saved model holds it unchanged)",
+    )
+    parser.add_argument(
         "--target",
         choices=["onnx", "onnxruntime"],
         help="the runtime the output is for: standard ops only (onnx, the default), or also "
@@ -119,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         opset = _output_opset(args.opset, default_opset(model))
         ranges = size_profile(args.dims, input_symbols(model))
         status("importing the model")
-        graph = knopt.onnx.import_model(model, ranges.fixed)
+        graph = knopt.onnx.import_model(model, ranges.fixed, strict=args.strict)
         if args.output is None and not (
             args.quiet or args.explain or args.report_json or args.html
         ):

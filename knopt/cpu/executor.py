@@ -158,7 +158,8 @@ class _Steps:
         for i, node in enumerate(graph.nodes):
             if isinstance(node.op, ops.Input):
                 self.inputs.append((i, node.op))
-            elif not node.inputs:
+            elif not node.inputs and not isinstance(node.op, ops.Opaque):
+                # (An opaque op may give another value at every run: a random op.)
                 leaf = run_node(node, [])
                 leaf.flags.writeable = False  # shared by every run
                 self.leaves.append((i, leaf))

@@ -15,6 +15,7 @@ import numpy as np
 
 from knopt.cpu.conv import conv, pool
 from knopt.cpu.elementwise import NUMPY_BINARY, NUMPY_UNARY
+from knopt.cpu.opaque import run_opaque
 from knopt.errors import RunError
 from knopt.ir import op as ops
 from knopt.ir.op import PadMode, Reduction, ScatterReduction
@@ -313,4 +314,5 @@ KERNELS: dict[type[ops.Op], Kernel] = {
     ops.IntMatMul: _int_matmul,
     ops.IntConv: _int_conv,
     ops.Int4MatMul: _int4_matmul,
+    ops.Opaque: run_opaque,
 }

@@ -18,7 +18,7 @@ from knopt.cuda.context import LoweringContext
 from knopt.cuda.gen import attention, data, library, quantized, reduce, rowwise, window
 from knopt.cuda.gen.elementwise import copy_launch, emit_elementwise, replace_acc
 from knopt.cuda.layout import Layout, view_layout
-from knopt.errors import CodegenError
+from knopt.errors import CodegenError, UnsupportedOpError
 from knopt.ir import op as ops
 from knopt.ir.kernel import FUSED_MAIN_OPS, KernelKind
 from knopt.ir.op import TensorType
@@ -56,6 +56,24 @@ def _emit_copy(ctx: LoweringContext, out: int, source: int) -> None:
         ctx.emit(launch)
 
 
+def gpu_refusal(call: ops.OpaqueCall) -> UnsupportedOpError:
+    """The error for an opaque op (an ONNX node knopt keeps as it is): the GPU runs none."""
+    where = f"node '{call.node_name}' ({call})" if call.node_name else f"a {call} node"
+    return UnsupportedOpError(
+        f"{where}: knopt keeps this op as it is but cannot run it on the GPU; run the model on "
+        "the CPU (device='cpu', where onnx's reference evaluator has the op), or save it with "
+        "`knopt optimize --target onnx` for a runtime that has the op",
+        call.op_type,
+        call.domain,
+        call.node_name,
+    )
+
+
+def _opaque(ctx: LoweringContext, kernel: Kernel) -> None:
+    assert isinstance(kernel.op, ops.Opaque)
+    raise gpu_refusal(kernel.op.call)
+
+
 OP_LOWERINGS: dict[type[ops.Op], Lowering] = {
     ops.Iota: data.emit_iota,
     ops.Sizes: data.emit_sizes,
@@ -79,6 +97,7 @@ OP_LOWERINGS: dict[type[ops.Op], Lowering] = {
     ops.IntMatMul: quantized.emit_int_matmul,
     ops.IntConv: quantized.emit_int_conv,
     ops.Int4MatMul: quantized.emit_int4_matmul,
+    ops.Opaque: _opaque,
 }
 
 

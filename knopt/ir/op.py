@@ -982,6 +982,65 @@ class Int4MatMul(Op):
         return TensorType((*a.shape[:-1], n), a.dtype)
 
 
+# ---- ONNX nodes kept as they are ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpaqueCall:
+    """An ONNX node of an op knopt has no importer for, kept as the model wrote it.
+
+    Attributes:
+        op_type: The ONNX op type.
+        domain: The op's domain ('' for the default one).
+        version: The version of that domain the model imports.
+        node: The node, serialized (an `onnx.NodeProto`: attributes, name, input and output
+            names); the ONNX writer writes it back with new value names.
+        inputs: How many inputs it has (absent optional ones, named '', not counted).
+        outputs: How many outputs it has (including unused and absent ones).
+        node_name: The node's name in the model, for messages.
+    """
+
+    op_type: str
+    domain: str
+    version: int
+    node: bytes = field(repr=False)
+    inputs: int
+    outputs: int
+    node_name: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.domain}.{self.op_type}" if self.domain else self.op_type
+
+
+@dataclass(frozen=True)
+class Opaque(Op):
+    """Output `output` of an `OpaqueCall`, whose type the model declares (or onnx infers).
+
+    Nothing looks inside it: no rule matches through it (it is a leaf to every rule, as an
+    input is), nothing folds it, and its value is known only when it runs (on the CPU through
+    onnx's reference evaluator, where onnx has the op). Each output of a call is one `Opaque`
+    op over the call's inputs, and the writer writes the call once for all of them.
+    """
+
+    arity: ClassVar[int | None] = None
+    call: OpaqueCall
+    output: int
+    tensor_type: TensorType
+
+    @property
+    def name(self) -> str:
+        """Opaque[com.microsoft.FastGelu] and so on, as in dumps."""
+        return f"Opaque[{self.call}]"
+
+    def infer(self, inputs: Sequence[TensorType], where: str) -> TensorType:
+        call = self.call
+        if len(inputs) != call.inputs:
+            raise _fail(where, f"{call} takes {call.inputs} inputs, got {len(inputs)}")
+        if not 0 <= self.output < call.outputs:
+            raise _fail(where, f"{call} has {call.outputs} outputs, not an output {self.output}")
+        return self.tensor_type
+
+
 OP_CLASSES: tuple[type[Op], ...] = (
     Input,
     Constant,
@@ -1015,6 +1074,7 @@ OP_CLASSES: tuple[type[Op], ...] = (
     IntMatMul,
     IntConv,
     Int4MatMul,
+    Opaque,
 )
 
 # ---- op groups ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ constant table. A kernel is one of:
 - a single IR op run as its own kernel (`kind` is the op's name, `op` the op);
 - a view (`kind="view"`, op View/Broadcast/Permute/Slice/Flip): no work, the backend aliases
   the input through strides;
+- an opaque op (`kind="opaque"`, op `Opaque`): an ONNX node knopt keeps without knowing it;
 - `kind="elementwise"`: a fused scalar `body` over loads of its inputs, all of the output's
   shape (views of other tensors are loaded through their strides);
 - a main op with a fused elementwise `prologue` (computing the main op's input from the
@@ -155,6 +156,7 @@ def format_expr(expr: Expr) -> str:
 # ---- kernels and programs -----------------------------------------------------------------
 
 VIEW = "view"  # the kind of view kernels, which alias their input
+OPAQUE = "opaque"  # the kind of opaque ops' kernels (ONNX nodes knopt keeps as they are)
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,8 @@ class Kernel:
     """One kernel launch (or view) of a program.
 
     Attributes:
-        kind: An op name for single-op kernels, "view", or a `KernelKind` (fused kernels).
+        kind: An op name for single-op kernels, "view", "opaque", or a `KernelKind` (fused
+            kernels).
         op: The IR op (the main op of fused kinds; None for "elementwise").
         inputs: Tensor ids read, in the order `Load` indices and the op's operands use: for
             fused main ops the op's own operands come first when there is no prologue.
@@ -294,7 +297,7 @@ class _ProgramBuilder:
             return None
         inputs = tuple(self.ids[v] for v in node.inputs)
         out = self.tensor(node.output, "intermediate")
-        kind = VIEW if type(op) in VIEW_OPS else op.name
+        kind = VIEW if type(op) in VIEW_OPS else OPAQUE if isinstance(op, ops.Opaque) else op.name
         return Kernel(kind, op, inputs, out, names=tuple(names) or _own_name(node), cost=cost)
 
     def fused(self, nodes: list[Node], cost: float, names: Sequence[str]) -> Kernel:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import builtins
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -224,6 +224,20 @@ class Attributes:
 
 
 @dataclass
+class WholeModel:
+    """The model being imported, for what a node's importer learns beyond the node.
+
+    `knopt.onnx.opaque` fills the rest on first need: the value types the model declares and
+    those onnx's shape inference finds, and the value names something reads.
+    """
+
+    model: onnx.ModelProto
+    declared_types: dict[str, onnx.TypeProto] | None = None
+    inferred_types: dict[str, onnx.TypeProto] | None = None
+    read_names: frozenset[str] | None = None
+
+
+@dataclass
 class ImportContext:
     """State shared by the importers while one graph is imported.
 
@@ -232,6 +246,9 @@ class ImportContext:
         opset: The model's version of the default ONNX domain.
         domain_opsets: The model's versions of every domain it imports, by domain name.
         env: ONNX value names to what is known of them.
+        whole: The model (None for a scratch context that folds one node).
+        dims: Fixed values of symbolic sizes, by name (what `import_model` was given).
+        strict: Refuse ops knopt has no importer for, instead of keeping them as opaque ops.
     """
 
     builder: GraphBuilder
@@ -242,6 +259,9 @@ class ImportContext:
     _materialized: dict[Known, Value] = field(default_factory=dict)  # by identity
     functions: dict[tuple[str, str], onnx.FunctionProto] = field(default_factory=dict)
     domain_opsets: dict[str, int] = field(default_factory=dict)  # versions of other domains
+    whole: WholeModel | None = None
+    dims: Mapping[str, Dim] = field(default_factory=dict)
+    strict: bool = False
 
     def fail(self, message: str) -> UnsupportedModelError:
         """An error about the node being imported, naming it."""

@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 from knopt.errors import UnsupportedModelError
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Node
-from knopt.ir.op import Input
+from knopt.ir.op import Input, OpaqueCall, TensorType
 from knopt.ir.shape import Dim, Sym, sym
 from knopt.onnx.legalize import carry_narrow_floats
 
@@ -42,6 +42,10 @@ class Emitter:
         self._sizes: dict[Dim, str] = {}
         self._symbols = _symbol_sources(graph)
         self._base = "node"
+        self._opaque: dict[tuple[OpaqueCall, tuple[str, ...]], list[str]] = {}
+        self.domain_versions: dict[str, int] = {}  # of the domains opaque nodes were kept at
+        # Types of opaque nodes' outputs, which no schema gives a reader of the written model.
+        self.declared: dict[str, TensorType] = {}
 
     def begin(self, node: Node) -> None:
         """Name the ONNX nodes emitted next after the IR node `node`."""
@@ -89,6 +93,50 @@ class Emitter:
         node = helper.make_node(op_type, list(inputs), results, name=name, domain=domain, **kept)
         self.nodes.append(node)
         return results
+
+    def opaque(self, call: OpaqueCall, inputs: Sequence[str]) -> list[str]:
+        """Write an opaque op's node as the model wrote it, once; the names of its outputs.
+
+        Its attributes, op type and domain are kept, its name where it had one; its values
+        get new names ('' stays '': an absent optional input or output).
+
+        Raises:
+            UnsupportedModelError: If the node's op means something else at the opset being
+                written (or is not there), or its domain was kept at two versions.
+        """
+        key = (call, tuple(inputs))
+        if (found := self._opaque.get(key)) is not None:
+            return found
+        self._check_version(call)
+        node = onnx.NodeProto()
+        node.ParseFromString(call.node)
+        node.name = self._unique(call.node_name or self._base, self._node_names)
+        given = iter(inputs)
+        node.input[:] = [next(given) if name else "" for name in node.input]
+        node.output[:] = [
+            self._unique(f"{node.name}_output_{i}", self._value_names) if name else ""
+            for i, name in enumerate(node.output)
+        ]
+        self.nodes.append(node)
+        self._opaque[key] = list(node.output)
+        return self._opaque[key]
+
+    def _check_version(self, call: OpaqueCall) -> None:
+        where = f"node '{call.node_name}' ({call})" if call.node_name else f"a {call} node"
+        if not call.domain:
+            if _since(call.op_type, self.opset) != _since(call.op_type, call.version):
+                raise UnsupportedModelError(
+                    f"{where}: knopt keeps this op as the model wrote it at opset "
+                    f"{call.version}, and opset {self.opset} does not define it the same way; "
+                    f"write opset {call.version} (--opset {call.version})"
+                )
+            return
+        known = self.domain_versions.setdefault(call.domain, call.version)
+        if known != call.version:
+            raise UnsupportedModelError(
+                f"{where}: domain {call.domain} is kept at version {call.version} here and "
+                f"{known} elsewhere; one model imports a domain at one version"
+            )
 
     def carry_narrow_floats(self, start: int, types: dict[str, int]) -> None:
         """Compute the nodes added since `start` in float32 where their op lacks 16-bit floats.
@@ -197,6 +245,14 @@ class Emitter:
             name = f"{wanted}_{count}"
         taken.add(name)
         return name
+
+
+def _since(op_type: str, opset: int) -> int | None:
+    """The version of the default domain's `op_type` in force at `opset` (None: no such op)."""
+    try:
+        return int(onnx.defs.get_schema(op_type, min(opset, 2**31 - 1), "").since_version)
+    except onnx.defs.SchemaError:
+        return None
 
 
 def _symbol_sources(graph: Graph) -> dict[str, tuple[str, int]]:

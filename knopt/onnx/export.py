@@ -17,7 +17,8 @@ from onnx import helper
 
 from knopt.errors import CodegenError, KnoptError, UnsupportedModelError
 from knopt.ir.dtype import DType
-from knopt.ir.graph import Graph, Value
+from knopt.ir.graph import Graph
+from knopt.ir.op import TensorType
 from knopt.ir.shape import Sym
 from knopt.onnx.emitter import Emitter
 from knopt.onnx.export_attention import ATTENTION_PATTERNS
@@ -151,16 +152,28 @@ def carry_floats(em: Emitter, graph: Graph) -> None:
 
 def assemble(em: Emitter, graph: Graph, opset: int) -> onnx.ModelProto:
     """The model of the emitted nodes, with the graph's inputs and outputs."""
+    produced = {name for node in em.nodes for name in node.output}
+    ends = set(graph.input_names) | set(graph.output_names)
     proto = helper.make_graph(
         em.nodes,
         graph.name or "knopt",
-        [value_info(name, v) for name, v in zip(graph.input_names, graph.inputs, strict=True)],
-        [value_info(name, v) for name, v in zip(graph.output_names, graph.outputs, strict=True)],
+        [value_info(name, v.type) for name, v in zip(graph.input_names, graph.inputs, strict=True)],
+        [
+            value_info(name, v.type)
+            for name, v in zip(graph.output_names, graph.outputs, strict=True)
+        ],
         initializer=em.initializers,
+        value_info=[
+            value_info(name, t)
+            for name, t in em.declared.items()
+            if name in produced and name not in ends
+        ],
     )
     opsets = [helper.make_opsetid("", opset)]
     domains = {node.domain for node in em.nodes if node.domain}
-    opsets += [helper.make_opsetid(domain, 1) for domain in sorted(domains)]
+    opsets += [
+        helper.make_opsetid(domain, em.domain_versions.get(domain, 1)) for domain in sorted(domains)
+    ]
     return helper.make_model(
         proto,
         opset_imports=opsets,
@@ -187,9 +200,10 @@ def name_outputs(em: Emitter, graph: Graph, names: Sequence[str]) -> None:
         for field in (node.input, node.output):
             for i, name in enumerate(field):
                 field[i] = renamed.get(name, name)
+    em.declared = {renamed.get(name, name): t for name, t in em.declared.items()}
 
 
-def value_info(name: str, value: Value) -> onnx.ValueInfoProto:
-    """The typed, shaped declaration of a graph input or output."""
-    shape = [str(d) if isinstance(d, Sym) else int(d) for d in value.shape]
-    return helper.make_tensor_value_info(name, int(value.dtype), shape)
+def value_info(name: str, tensor_type: TensorType) -> onnx.ValueInfoProto:
+    """The typed, shaped declaration of a value (symbolic sizes as `dim_param`s)."""
+    shape = [str(d) if isinstance(d, Sym) else int(d) for d in tensor_type.shape]
+    return helper.make_tensor_value_info(name, int(tensor_type.dtype), shape)

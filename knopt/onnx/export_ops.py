@@ -402,6 +402,12 @@ def _int4_matmul(em: Emitter, op: ops.Int4MatMul, node: Node, args: list[str]) -
     return em.op("MatMul", [a, em.op("Transpose", [weight], perm=[1, 0])])
 
 
+def _opaque(em: Emitter, op: ops.Opaque, node: Node, args: list[str]) -> str:
+    name = em.opaque(op.call, args)[op.output]
+    em.declared[name] = op.tensor_type
+    return name
+
+
 EXPORTERS: dict[type[ops.Op], OpExporter] = {
     ops.Input: _input,
     ops.Constant: _constant,
@@ -435,4 +441,5 @@ EXPORTERS: dict[type[ops.Op], OpExporter] = {
     ops.IntMatMul: _int_matmul,
     ops.IntConv: _int_conv,
     ops.Int4MatMul: _int4_matmul,
+    ops.Opaque: _opaque,
 }

@@ -33,6 +33,7 @@ from knopt.onnx.context import (
     Known,
     KnownValueRequired,
     SizeComputationRequired,
+    WholeModel,
 )
 from knopt.onnx.data import prepare_data
 from knopt.onnx.function import check_functions
@@ -101,8 +102,13 @@ def import_model(
     model: onnx.ModelProto,
     dims: Mapping[str, int] | None = None,
     known_inputs: Mapping[str, np.ndarray] | None = None,
+    *,
+    strict: bool = False,
 ) -> Graph:
     """Convert an ONNX model into a validated IR graph.
+
+    A node of an op knopt has no importer for is kept as it is, an opaque op (see
+    `knopt.onnx.opaque`), unless `strict` is set.
 
     Input sizes that the exporter named apart (one name per input and axis, as TorchScript's
     list-form `dynamic_axes` and dynamo's `Dim.AUTO` write them) but that the model needs
@@ -115,10 +121,12 @@ def import_model(
         dims: Values for symbolic input dimensions, by name; the rest stay symbolic.
         known_inputs: Values for graph inputs, by name, which become constants of the graph
             (and leave its inputs), so that shapes or axes computed from them are known.
+        strict: Refuse ops knopt has no importer for instead of keeping them.
 
     Raises:
         InvalidModelError: If a model-local function calls itself.
-        UnsupportedModelError: If the model uses an op, attribute or type knopt lacks.
+        UnsupportedModelError: If the model uses an op (with `strict`, or one that cannot be
+            kept as it is), attribute or type knopt lacks.
         SymbolicSizeError: If a step needs a size fixed (pass it in `dims`).
         InvalidGraphError: If the graph is malformed (a cycle, a dangling input, bad shapes).
     """
@@ -126,9 +134,10 @@ def import_model(
     axes = input_symbols(model)
     order = {name: i for i, name in enumerate(axes)}
     same: dict[str, Dim] = {}
+    whole = WholeModel(model)  # what is learned of the whole model, kept across the retries
     while True:
         try:
-            return _import_model(model, {**same, **(dims or {})}, known_inputs)
+            return _import_model(model, {**same, **(dims or {})}, known_inputs, strict, whole)
         except KnownValueRequired as err:
             if isinstance(err, SizeComputationRequired) or not is_computed_from_sizes(
                 model, err.value_name
@@ -165,10 +174,12 @@ def _import_model(
     model: onnx.ModelProto,
     dims: Mapping[str, Dim],
     known_inputs: Mapping[str, np.ndarray] | None,
+    strict: bool,
+    whole: WholeModel,
 ) -> Graph:
     graph = model.graph
     builder = GraphBuilder(graph.name)
-    ctx = ImportContext(builder, default_opset(model))
+    ctx = ImportContext(builder, default_opset(model), whole=whole, dims=dims, strict=strict)
     ctx.functions = {(f.domain, f.name): f for f in model.functions}
     ctx.domain_opsets = {entry.domain: int(entry.version) for entry in model.opset_import}
     for tensor in graph.initializer:

@@ -2,7 +2,8 @@
 
 A node is evaluated right away when its inputs are known (`fold.py`), inlined when it calls a
 model-local function, and otherwise imported by its op's importer (`knopt/onnx/ops`), which
-the registry in `context.py` finds at run time.
+the registry in `context.py` finds at run time, or kept as it is where there is none
+(`opaque.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from knopt.ir.dtype import DType
 from knopt.onnx.context import Attributes, ImportContext, Known, OnnxValue, find_importer
 from knopt.onnx.data import tensor_array
 from knopt.onnx.fold import fold_node
+from knopt.onnx.opaque import import_opaque
 from knopt.onnx.order import in_topological_order, undefined_input_error
 
 
@@ -119,15 +121,12 @@ def _import_node(ctx: ImportContext, node: onnx.NodeProto) -> list[OnnxValue | N
     outputs: list[OnnxValue | None] | None = fold_node(ctx, node, domain)  # type: ignore[assignment]
     if outputs is None:
         fn = find_importer(domain, node.op_type, version)
-        if fn is None:
-            name = f"{domain}.{node.op_type}" if domain else node.op_type
-            raise UnsupportedModelError(
-                f"{ctx.where}: op {name} is not supported at opset {version} (`knopt info "
-                "MODEL` lists every unsupported node)"
-            )
         ctx._attributes = Attributes(node, ctx.where)
-        imported: list[OnnxValue | None] = list(fn(ctx, node))
-        outputs = imported
+        if fn is None:
+            outputs = import_opaque(ctx, node, domain, version)
+        else:
+            imported: list[OnnxValue | None] = list(fn(ctx, node))
+            outputs = imported
     unread = ctx._attributes.unread()
     if unread:
         raise UnsupportedModelError(

@@ -406,6 +406,10 @@ _OP_FLOPS: dict[type[ops.Op], FlopCount] = {
     ops.IntMatMul: _matmul,
     ops.IntConv: _conv,
     ops.Int4MatMul: _int4_matmul,
+    # Unknown arithmetic: an op per element of the result, beside the launch and the bytes of
+    # its inputs and result that every kernel pays. A symbolic size no input gives counts the
+    # profile's `symbol_size`. It is a constant of every program: it bears on no choice.
+    ops.Opaque: _per_element,
 }
 
 

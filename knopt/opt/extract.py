@@ -14,8 +14,9 @@ however many readers it has (DAG cost). Three steps:
    a cycle is refused: a topological numbering of the current choice answers most checks at
    once, a bounded search the rest. The original program is a second starting point, so the
    result is never estimated worse than the input.
-3. **ILP** (HiGHS through highspy, knopt/opt/ilp.py) when the e-graph is small enough, with
-   explicit acyclicity constraints, warm-started from step 2 and time-limited.
+3. **ILP** (HiGHS through highspy, knopt/opt/ilp.py) when the e-graph is small enough,
+   warm-started from step 2, without the nodes another node of their class dominates, and
+   branching only where the search's root node found a better program (bounded by work).
 
 Every result is checked (one node per needed class, children present, no cycle); a failed check
 falls back to the local-search answer.

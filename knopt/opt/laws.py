@@ -170,7 +170,11 @@ def _leaf(op: Constructor) -> list[str]:
 
 
 def _computes(op: Constructor) -> bool:
-    """Ops that compute from tensor arguments; a vector of them (Concat) is written by hand."""
+    """Ops that compute from tensor arguments; a vector of them is written by hand.
+
+    (Concat's parts: fold.egg and fusion.egg. An opaque op's inputs: it never folds, and it
+    varies whatever it reads, fold.egg.)
+    """
     return bool(op.tensors) and "TVec" not in op.sorts
 
 

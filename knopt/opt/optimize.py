@@ -10,8 +10,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from knopt.errors import UnsupportedOpError
 from knopt.ir.graph import Graph, Node
 from knopt.ir.kernel import KernelKind
+from knopt.ir.op import Opaque
 from knopt.ir.program import Program, program_from_graph
 from knopt.ir.shape import evaluate
 from knopt.ir.validate import validate
@@ -107,6 +109,7 @@ def optimize(
     ilp: bool = True,
     sizes: Mapping[str, int] | None = None,
     progress: Callable[[str], None] | None = None,
+    strict: bool = False,
 ) -> OptimizeResult:
     """Optimize `graph` by equality saturation and cost-based extraction.
 
@@ -126,11 +129,16 @@ def optimize(
             profile's `symbol_size`.
         progress: Called with a short line as each phase starts (saturation, extraction),
             for a status display.
+        strict: Refuse a graph that holds opaque ops (ONNX nodes of ops knopt lacks, kept as
+            they are); without it, they are values no rule looks inside.
 
     Raises:
         RuleFileError: If a rule file is malformed.
         OptimizeError: If the rules or extraction produce something unusable.
+        UnsupportedOpError: With `strict`, if the graph holds an opaque op.
     """
+    if strict:
+        _refuse_opaque_ops(graph)
     start = time.perf_counter()
     device = find_profile(profile)
     extra = [r if isinstance(r, RuleFile) else read_rule_file(r) for r in rules]
@@ -189,6 +197,27 @@ def optimize(
     report.seconds = time.perf_counter() - start
     kinds = {key: _kernel_kind(choice[key]) for key in set(rebuilt.kernel_of.values())}
     return OptimizeResult(optimized, program, report, dict(rebuilt.kernel_of), kinds, graph)
+
+
+def _refuse_opaque_ops(graph: Graph) -> None:
+    """Raise for the graph's opaque ops (what `strict` asks), naming them all.
+
+    Raises:
+        UnsupportedOpError: If there is one.
+    """
+    calls = list(dict.fromkeys(n.op.call for n in graph.nodes if isinstance(n.op, Opaque)))
+    if not calls:
+        return
+    named = ", ".join(f"'{c.node_name}' ({c})" if c.node_name else str(c) for c in calls[:5])
+    more = f" and {len(calls) - 5} more" if len(calls) > 5 else ""
+    first = calls[0]
+    raise UnsupportedOpError(
+        f"graph '{graph.name}' holds {len(calls)} node(s) of ops knopt lacks, kept as they are: "
+        f"{named}{more}; without strict, the optimizer works around them",
+        first.op_type,
+        first.domain,
+        first.node_name,
+    )
 
 
 def symbol_values(

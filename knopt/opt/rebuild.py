@@ -85,6 +85,11 @@ class _Rebuilder:
                 builder.scope = None
             self._check_type(cls, node, result)
             return result
+        if node.op == "Opaque":  # from its table, as a constant: nothing to decode
+            opaque = self.tables.opaques[node.args[0]]
+            result = builder.apply(opaque, [self.values[k] for k in node.children()])
+            self._check_type(cls, node, result)
+            return result
         decode = DECODERS.get(node.op)
         if decode is None:
             raise OptimizeError(

@@ -21,7 +21,7 @@ from knopt.errors import KnoptError
 from knopt.ir import op as ops
 from knopt.ir.graph import Graph, Node
 from knopt.ir.kernel import KernelKind
-from knopt.ir.program import Kernel, Program, format_expr
+from knopt.ir.program import OPAQUE, Kernel, Program, format_expr
 from knopt.opt.rules import FACT_RULESETS
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ KIND_COLOURS: dict[str, str] = {
     "int_conv": "#8cd17d",
     "int4_matmul": "#d4a6c8",
     "op": "#9c755f",  # a single op run as its own kernel (a gather, a concat, ...)
+    OPAQUE: "#79706e",  # an ONNX node knopt keeps as it is, without knowing what it computes
     "view": "#bab0ac",  # free: the backend reads the input through strides
     "removed": "#e6e6e6",  # folded into a constant or simplified away: no kernel computes it
 }
@@ -55,6 +56,8 @@ def colour_kind(kernel: Kernel) -> str:
     """The key of `KIND_COLOURS` for a kernel."""
     if kernel.is_view:
         return "view"
+    if kernel.kind == OPAQUE:
+        return OPAQUE
     return kernel.kind if KernelKind.of_name(kernel.kind) is not None else "op"
 
 
@@ -311,7 +314,7 @@ def _kernel_json(
     ]
     return {
         "name": kernel.op.name
-        if kernel.op and KernelKind.of_name(kernel.kind) is not None
+        if kernel.op and (KernelKind.of_name(kernel.kind) is not None or kernel.kind == OPAQUE)
         else kernel.kind,
         "kind": colour_kind(kernel),
         "cost": kernel.cost,

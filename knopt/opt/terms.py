@@ -130,12 +130,14 @@ def _literal(value: int | float | str | bool) -> Any:
 
 @dataclass
 class TermTables:
-    """What the terms refer to outside the e-graph: constants and symbolic sizes."""
+    """What the terms refer to outside the e-graph: constants, opaque ops, symbolic sizes."""
 
     constants: list[np.ndarray] = field(default_factory=list)
     symbols: list[Sym] = field(default_factory=list)
+    opaques: list[ops.Opaque] = field(default_factory=list)
     _constant_index: dict[str, int] = field(default_factory=dict)
     _symbol_index: dict[Sym, int] = field(default_factory=dict)
+    _opaque_index: dict[ops.Opaque, int] = field(default_factory=dict)
 
     def dim(self, d: Dim) -> int:
         """The i64 that stands for a size."""
@@ -153,6 +155,13 @@ class TermTables:
     def shape(self, codes: Sequence[int]) -> tuple[Dim, ...]:
         """The sizes an IVec of i64s stands for."""
         return tuple(self.size(c) for c in codes)
+
+    def opaque(self, op: ops.Opaque) -> int:
+        """The table index of an opaque op."""
+        if op not in self._opaque_index:
+            self._opaque_index[op] = len(self.opaques)
+            self.opaques.append(op)
+        return self._opaque_index[op]
 
     def constant(self, data: ops.ConstData) -> int:
         """The table index of a constant."""
@@ -409,6 +418,13 @@ def _int_matmul(e: _Encoder, op: ops.IntMatMul, node: Node, args: list[Any]) -> 
 @_encodes(ops.Int4MatMul)
 def _int4_matmul(e: _Encoder, op: ops.Int4MatMul, node: Node, args: list[Any]) -> Any:
     return call("Int4MatMul", *args, lit(op.block))
+
+
+@_encodes(ops.Opaque)
+def _opaque(e: _Encoder, op: ops.Opaque, node: Node, args: list[Any]) -> Any:
+    t = op.tensor_type
+    inputs = call("vec-of", *args) if args else call("vec-empty")
+    return call("Opaque", lit(e.tables.opaque(op)), e.shape(t.shape), e.enum(t.dtype), inputs)
 
 
 def _encoder_of(node: Node) -> Encoder:

@@ -24,7 +24,7 @@ from knopt.ir.graph import Graph
 from knopt.testing.arrays import random_inputs
 from knopt.testing.choices import Choices, SeededChoices
 from knopt.testing.generator import GraphGen
-from knopt.testing.moves import MOVES
+from knopt.testing.moves import moves
 
 
 class DrawnChoices:
@@ -54,13 +54,24 @@ class Case:
     inputs: dict[str, np.ndarray]
 
 
-def random_graph(choices: Choices, *, max_steps: int = 8, max_outputs: int = 3) -> Graph:
-    """A random graph of 1 to `max_steps` moves with up to `max_outputs` outputs."""
+def random_graph(
+    choices: Choices, *, max_steps: int = 8, max_outputs: int = 3, opaque: bool = True
+) -> Graph:
+    """A random graph of 1 to `max_steps` moves with up to `max_outputs` outputs.
+
+    Args:
+        choices: Where decisions come from.
+        max_steps: The most moves.
+        max_outputs: The most graph outputs.
+        opaque: Whether graphs may hold opaque ops (ONNX nodes kept as they are), which only
+            the CPU runs.
+    """
     gen = GraphGen(choices)
     gen.input(gen.shape())
+    usable = moves(opaque=opaque)
     for _ in range(gen.integer(1, max_steps)):
         for _attempt in range(4):  # a move may find nothing to use in the pool
-            if gen.weighted(MOVES)(gen) is not None:
+            if gen.weighted(usable)(gen) is not None:
                 break
     return gen.build(extra_outputs=gen.integer(0, max_outputs - 1))
 
@@ -73,18 +84,26 @@ def graph_from_seed(seed: int, *, max_steps: int = 8, max_outputs: int = 3) -> C
 
 @st.composite
 def graphs(
-    draw: Callable[[st.SearchStrategy[Any]], Any], max_steps: int = 8, max_outputs: int = 3
+    draw: Callable[[st.SearchStrategy[Any]], Any],
+    max_steps: int = 8,
+    max_outputs: int = 3,
+    opaque: bool = True,
 ) -> Graph:
-    """Random well-typed graphs (a hypothesis strategy)."""
-    return random_graph(DrawnChoices(draw), max_steps=max_steps, max_outputs=max_outputs)
+    """Random well-typed graphs (a hypothesis strategy); `opaque=False` for the GPU."""
+    return random_graph(
+        DrawnChoices(draw), max_steps=max_steps, max_outputs=max_outputs, opaque=opaque
+    )
 
 
 @st.composite
 def graph_and_inputs(
-    draw: Callable[[st.SearchStrategy[Any]], Any], max_steps: int = 8, max_outputs: int = 3
+    draw: Callable[[st.SearchStrategy[Any]], Any],
+    max_steps: int = 8,
+    max_outputs: int = 3,
+    opaque: bool = True,
 ) -> Case:
     """Random graphs with random non-zero inputs (a hypothesis strategy)."""
-    graph = draw(graphs(max_steps=max_steps, max_outputs=max_outputs))
+    graph = draw(graphs(max_steps=max_steps, max_outputs=max_outputs, opaque=opaque))
     seed = draw(st.integers(0, 2**32 - 1))
     return Case(graph, random_inputs(graph, np.random.default_rng(seed)))
 

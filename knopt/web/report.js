@@ -9,6 +9,7 @@
   const PROGRAM = DATA.program;
   const KIND_NAMES = {
     op: "single op (unfused)", view: "view (free)", removed: "folded or removed",
+    opaque: "opaque (an op knopt keeps as it is)",
     layer_norm: "layer norm", rms_norm: "RMS norm",
   };
   const { GraphView, esc, tint } = KnoptGraph;

@@ -15,7 +15,10 @@ import knopt
 from knopt.cache.serial import ENUMS, CacheFormatError, dump_graph, graph_digest, load_graph
 from knopt.ir import op as ops
 from knopt.ir.bind import bind_symbols
+from knopt.ir.builder import GraphBuilder
+from knopt.ir.dtype import DType
 from knopt.ir.text import format_graph
+from knopt.testing.opaque import kept_node
 from tests.models import MODELS, fixtures
 
 
@@ -91,3 +94,15 @@ def test_reading_an_input_defined_later_is_refused() -> None:
     matmul["inputs"][0] = len(encoded["nodes"]) - 1
     with pytest.raises(CacheFormatError):
         load_graph(encoded, arrays)
+
+
+def test_an_opaque_op_reads_back_equal() -> None:
+    g = GraphBuilder("kept")
+    x = g.input("x", (2, 3), DType.F32)
+    (kept,) = kept_node(g, "Sin", [x], [ops.TensorType((2, 3), DType.F32)])
+    g.output(kept, "y")
+    graph = g.build()
+    encoded, arrays = dump_graph(graph)
+    again, _ = load_graph(json.loads(json.dumps(encoded)), arrays)
+    assert [n.op for n in again.nodes] == [n.op for n in graph.nodes]
+    assert graph_digest(again) == graph_digest(graph)

@@ -82,21 +82,6 @@ XFAIL: dict[str, str] = {
     "case's atol of 1e-7; knopt's exact DFT gives 5e-15 (#3)",
     "test_dft_inverse_opset19": "expected imaginary parts are FFT round-off (1.9e-7), beyond "
     "the case's atol of 1e-7; knopt's exact DFT gives 5e-15 (#3)",
-    **{
-        name: "BitCast needs a reinterpreting IR op, which knopt does not have yet (#3)"
-        for name in (
-            "test_bitcast_2d_float32_to_int32",
-            "test_bitcast_bool_to_uint8",
-            "test_bitcast_float32_to_int32",
-            "test_bitcast_float64_to_int64",
-            "test_bitcast_int32_to_float32",
-            "test_bitcast_int64_to_float64",
-            "test_bitcast_int8_to_uint8",
-            "test_bitcast_scalar_float32_to_int32",
-            "test_bitcast_uint16_to_int16",
-            "test_bitcast_uint32_to_int32",
-        )
-    },
     "test_cast_e8m0_FLOAT_to_FLOAT8E8M0": "Cast round_mode 'up' to float8e8m0 needs bit-level "
     "access to the exponent (a reinterpreting IR op) (#3)",
     "test_cast_e8m0_FLOAT16_to_FLOAT8E8M0": "Cast round_mode 'up' to float8e8m0 needs bit-level "

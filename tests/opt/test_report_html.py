@@ -22,10 +22,12 @@ from knopt.cli import main
 from knopt.errors import KnoptError
 from knopt.ir import Binary, DType, Graph, GraphBuilder, Reduction, Unary
 from knopt.ir.kernel import KernelKind
+from knopt.ir.op import TensorType
 from knopt.opt.explain import to_html
 from knopt.opt.optimize import OptimizeResult
 from knopt.opt.report_html import KIND_COLOURS, html_page, report_data
 from knopt.opt.rules import FACT_RULESETS
+from knopt.testing.opaque import kept_node
 from tests.models import fixtures
 
 MLP = next(f for f in fixtures() if f.file == "mlp_ts14.onnx")
@@ -90,7 +92,17 @@ def _names(data: dict[str, Any], indices: list[int]) -> list[str]:
 
 
 def test_every_kernel_kind_has_a_colour() -> None:
-    assert set(KIND_COLOURS) == {*KernelKind, "op", "view", "removed"}
+    assert set(KIND_COLOURS) == {*KernelKind, "op", "opaque", "view", "removed"}
+
+
+def test_an_opaque_op_is_a_kernel_of_its_own_kind_named_after_its_op() -> None:
+    g = GraphBuilder("kept")
+    x = g.input("x", (2, 3), DType.F32)
+    (kept,) = kept_node(g, "Sin", [g.unary(Unary.RELU, x)], [TensorType((2, 3), DType.F32)])
+    g.output(g.unary(Unary.NEG, kept), "y")
+    program = report_data(knopt.optimize(g.build(), ilp=False))["program"]
+    kinds = {n["name"]: n["kind"] for n in program["nodes"][: program["kernels"]]}
+    assert kinds["Opaque[Sin]"] == "opaque"
 
 
 def test_kernels_list_the_original_nodes_they_cover(block: OptimizeResult) -> None:

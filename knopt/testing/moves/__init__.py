@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from knopt.ir.graph import Value
 from knopt.testing.generator import GraphGen
-from knopt.testing.moves import compute, elementwise, layout, quantize, template
+from knopt.testing.moves import compute, elementwise, layout, opaque, quantize, template
 
 Move = Callable[[GraphGen], Value | None]
 
@@ -52,6 +52,15 @@ MOVES: list[tuple[Move, int]] = [
     (quantize.int4_matmul, 1),
     (quantize.qdq_matmul, 2),
     (quantize.matmul_integer, 1),
+    (opaque.kept, 1),
 ]
+# Moves whose graphs only the CPU runs (the GPU refuses opaque ops).
+CPU_ONLY: frozenset[Move] = frozenset({opaque.kept})
 
-__all__ = ["MOVES", "Move"]
+
+def moves(*, opaque: bool = True) -> list[tuple[Move, int]]:
+    """`MOVES`, without the opaque op's move unless `opaque`."""
+    return [(move, weight) for move, weight in MOVES if opaque or move not in CPU_ONLY]
+
+
+__all__ = ["CPU_ONLY", "MOVES", "Move", "moves"]

@@ -197,7 +197,8 @@ def clamp_chain(gen: GraphGen) -> Value | None:
         elif link == "relu":
             x = g.unary(Unary.RELU, x)
         else:
-            c = gen.splat(bound, x.dtype)
+            unsigned = x.dtype.numpy.kind == "u"  # (a uint8 of a quantize move)
+            c = gen.splat(abs(bound) if unsigned else bound, x.dtype)
             kind = Binary.MAX if link.startswith("max") else Binary.MIN
             x = g.binary(kind, c, x) if link.endswith("left") else g.binary(kind, x, c)
     return gen.add(x, entry.exact)

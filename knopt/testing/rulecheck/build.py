@@ -20,6 +20,7 @@ from knopt.ir.graph import Graph, Value
 from knopt.ir.shape import Dim, sym
 from knopt.opt.terms import DECODERS
 from knopt.testing.arrays import random_array
+from knopt.testing.opaque import kept_constant
 from knopt.testing.rulecheck.draft import Draft, size, sizes
 from knopt.testing.rulecheck.pattern import LEAVES
 from knopt.testing.rulecheck.sampler import DERIVED, SAMPLERS, Hint
@@ -306,6 +307,8 @@ class Builder:
                 raise InvalidGraphError(f"input shape {shape} has a negative size")
             draft.inputs += 1
             return draft.builder.input(f"in{draft.inputs}", shape, dtype)
+        if kind == "Opaque":  # an ONNX Constant node holding random values, kept as it is
+            return kept_constant(draft.builder, random_array(draft.rng, sizes(shape), dtype))
         if kind == "Splat" or (kind == "Constant" and call is None and draft.sampling.boolean(0.2)):
             value = draft.attrs.get(var, {}).get(0, draft.sampling.value())
             return draft.builder.constant(np.full(sizes(shape), value, dtype.numpy))

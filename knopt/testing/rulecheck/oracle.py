@@ -22,7 +22,7 @@ from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Node, Value
 from knopt.ir.kernel import KERNEL_CONSTRUCTORS, KernelKind
-from knopt.ir.op import Input, Iota, Sizes, TensorType, Unary
+from knopt.ir.op import Input, Iota, Opaque, Sizes, TensorType, Unary
 from knopt.ir.shape import is_static, static_dims
 from knopt.opt.serialized import SRef
 from knopt.opt.terms import TermTables, decode_main_op, prologue_of
@@ -43,7 +43,7 @@ class FactContext:
     other: ClassValues  # the same classes on other random inputs
     tables: TermTables
     types: dict[int, TensorType]  # classes of original IR nodes
-    varying: set[int]  # classes of original IR nodes that read a graph input
+    varying: set[int]  # classes of original IR nodes that read a graph input or are opaque
     unfolded: set[int]  # classes of original IR nodes that read a broadcast too large to fold
 
 
@@ -64,7 +64,9 @@ def context(values: ClassValues, other: ClassValues, graph: Graph, ir_nodes: Any
         symbolic = (isinstance(node.op, Iota | Sizes) and not is_static(node.output.shape)) or (
             isinstance(node.op, Sizes) and not is_static(node.op.dims)
         )
-        if isinstance(node.op, Input) or symbolic or any(v in reads for v in node.inputs):
+        # An opaque op is known only when it runs, as an input (rules/fold.egg, varies-opaque).
+        known_late = isinstance(node.op, Input | Opaque)
+        if known_late or symbolic or any(v in reads for v in node.inputs):
             reads.add(node.output)
             varying.add(cls)
         if _large_broadcast(node) or any(v in large for v in node.inputs):

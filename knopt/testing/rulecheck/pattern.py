@@ -17,7 +17,8 @@ from knopt.testing.rulecheck.rulebook import Rulebook
 from knopt.testing.rulecheck.sexpr import Expr, Lit, Sym, head
 
 SATURATED = frozenset({"analysis", "fold"})  # rulesets whose facts an instance has or lacks
-LEAVES = frozenset({"Input", "Constant", "Splat"})
+# Built as leaves: inputs, constants, and opaque ops (built without inputs: rules see none).
+LEAVES = frozenset({"Input", "Constant", "Splat", "Opaque"})
 IR_CONSTRUCTORS = frozenset(DECODERS) | LEAVES
 PRIMITIVE_CALLS = frozenset({"vec-of", "vec-empty"})
 

@@ -49,6 +49,7 @@ DERIVED: dict[str, frozenset[int]] = {
     "Conv": frozenset({6}),
     "Pool": frozenset({8}),
     "IntConv": frozenset({8}),
+    "Opaque": frozenset({0}),
 }
 BOUNDS = (-math.inf, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 6.0, math.inf)
 # Small integer types are here so that a rule wrong only when a narrow sum or product wraps is
@@ -502,4 +503,5 @@ SAMPLERS: dict[str, Sampler] = {
     "IntMatMul": _int_matmul,
     "IntConv": _int_conv,
     "Int4MatMul": _int4_matmul,
+    "Opaque": _leaf,
 }
