@@ -41,6 +41,7 @@ class Emitter:
         self._constants: dict[tuple[str, tuple[int, ...], bytes], str] = {}
         self._sizes: dict[Dim, str] = {}
         self._symbols = _symbol_sources(graph)
+        self._producers: dict[str, onnx.NodeProto] = {}
         self._base = "node"
 
     def begin(self, node: Node) -> None:
@@ -88,7 +89,12 @@ class Emitter:
         kept = {key: value for key, value in attrs.items() if value is not None}
         node = helper.make_node(op_type, list(inputs), results, name=name, domain=domain, **kept)
         self.nodes.append(node)
+        self._producers.update((result, node) for result in results if result)
         return results
+
+    def producer(self, name: str) -> onnx.NodeProto | None:
+        """The node that computes the value `name`; None for an input or initializer."""
+        return self._producers.get(name)
 
     def carry_narrow_floats(self, start: int, types: dict[str, int]) -> None:
         """Compute the nodes added since `start` in float32 where their op lacks 16-bit floats.
