@@ -19,7 +19,8 @@ so float models are never touched:
   the optimizer scaled them): those 8-bit codes, dequantized;
 - an int8 quantization whose codes are read by more than one op, or through MaxPool or a
   layout op: uint8 codes, the zero point 128 higher (exact). onnxruntime's x86 integer kernels
-  take uint8 activations; it converts a lone int8 Quantize-Dequantize pair itself, and no other.
+  take uint8 activations; it converts a lone int8 Quantize-Dequantize pair (one op reading the
+  DequantizeLinear) itself, and no other.
 
 Within a group onnxruntime's integer kernel computes the result, rounding in its own way; as
 written, each rewrite computes what the nodes it replaces computed, up to float rounding.
@@ -53,7 +54,7 @@ class Codes:
     axis: int | None
 
 
-def quantized_weights(weights: np.ndarray, axis: int) -> Codes | None:
+def quantized_weights(weights: np.ndarray, axis: int | None) -> Codes | None:
     """`weights` as 8-bit codes times one scale, per tensor or else per slice along `axis`.
 
     The scale is the coarsest that makes every weight a whole multiple of it; the codes are
@@ -67,7 +68,7 @@ def quantized_weights(weights: np.ndarray, axis: int) -> Codes | None:
     found = _codes(weights.reshape(1, -1))
     if found is not None:
         return _narrowed(found[0].reshape(weights.shape), found[1].reshape(()), None)
-    if weights.ndim < 2:
+    if axis is None or weights.ndim < 2:
         return None
     rows = np.moveaxis(weights, axis, 0)
     found = _codes(rows.reshape(rows.shape[0], -1))
@@ -323,13 +324,19 @@ def _integer_conv(graph: _Graph, node: onnx.NodeProto) -> None:
 
 
 def _integer_matmul(graph: _Graph, node: onnx.NodeProto) -> None:
-    """`MatMulInteger -> Cast -> Mul(c) [-> Add(bias)] -> QuantizeLinear`: QDQ MatMul (+ Add)."""
+    """`MatMulInteger -> Cast -> Mul(c) [-> Add(bias)] -> QuantizeLinear`: QDQ MatMul (+ Add).
+
+    c may vary along the columns of constant 2-D weights; for computed ones it is one number.
+    """
     if node.op_type != "MatMulInteger" or len(node.input) != 4:
         return
     weights, rescale = graph.array(node.input[1]), _rescale(graph, node)
-    if weights is None or weights.ndim != 2 or rescale is None:
+    if rescale is None:
         return
-    scale = _channel_vector(rescale.scale, weights.shape[1], -1, 2)
+    if weights is not None and weights.ndim == 2:
+        scale = _channel_vector(rescale.scale, weights.shape[1], -1, 2)
+    else:
+        scale = rescale.scale.reshape(1) if rescale.scale.size == 1 else None
     operands = None if scale is None else _dequantized_operands(graph, node, scale, weight_axis=1)
     if operands is None:
         return
@@ -386,6 +393,41 @@ def _weight_axis(node: onnx.NodeProto) -> int | None:
     return None
 
 
+def _split_product(graph: _Graph, node: onnx.NodeProto) -> None:
+    """A product split along its output channels, a part quantized: one product per part.
+
+    The optimizer merges products of one input (the Q, K and V projections) into one; in a
+    quantized model each part has its own quantization, and onnxruntime fuses a product with
+    the QuantizeLinear right after it only.
+    """
+    source = graph.producer.get(node.input[0]) if node.op_type == "Split" else None
+    if source is None or source.op_type not in ("Conv", "MatMul") or len(node.input) != 2:
+        return
+    weights, sizes = graph.array(source.input[1]), graph.array(node.input[1])
+    if weights is None or sizes is None or graph.only_reader(source.output[0], "Split") is None:
+        return
+    axis = 0 if source.op_type == "Conv" else weights.ndim - 1
+    rank = weights.ndim if source.op_type == "Conv" else None
+    split_axis = _attributes(node).get("axis", 0)
+    if (rank is None and split_axis != -1) or (
+        rank is not None and split_axis not in (1, 1 - rank)
+    ):
+        return
+    if not graph.dequantized(source.input[0]) or not any(map(graph.quantized, node.output)):
+        return
+    bias = graph.array(source.input[2]) if len(source.input) > 2 else None
+    parts, start = [], 0
+    for size, output in zip(sizes.tolist(), node.output, strict=True):
+        piece = np.take(weights, range(start, start + size), axis=axis)
+        inputs = [source.input[0], graph.constant(piece, f"{source.name}_weight")]
+        if bias is not None:
+            inputs.append(graph.constant(bias[start : start + size], f"{source.name}_bias"))
+        part = graph.node(source.op_type, inputs, source.name, output, **_attributes(source))
+        parts.append(part)
+        start += size
+    graph.replace([source, node], parts)
+
+
 def _float_weights(graph: _Graph, node: onnx.NodeProto) -> None:
     """Float weights of a product between DequantizeLinear and QuantizeLinear: 8-bit codes."""
     axis = _weight_axis(node)
@@ -402,6 +444,29 @@ def _float_weights(graph: _Graph, node: onnx.NodeProto) -> None:
     rewritten.CopyFrom(node)
     rewritten.input[1] = dequantized.output[0]
     graph.replace([node], [dequantized, rewritten])
+
+
+def _float_operand(graph: _Graph, node: onnx.NodeProto) -> None:
+    """A float constant added to (or multiplying) a dequantized value, then quantized: codes.
+
+    onnxruntime's QLinearAdd and QLinearMul take both operands quantized, per tensor.
+    """
+    if node.op_type not in ("Add", "Mul") or not graph.quantized(node.output[0]):
+        return
+    for index in (0, 1):
+        operand, other = node.input[index], node.input[1 - index]
+        array = graph.array(operand)
+        if array is None or array.ndim == 0 or not graph.dequantized(other):
+            continue
+        codes = quantized_weights(array, axis=None)
+        if codes is None:
+            continue
+        dequantized = graph.dequantized_codes(codes, f"{node.name}_operand")
+        rewritten = onnx.NodeProto()
+        rewritten.CopyFrom(node)
+        rewritten.input[index] = dequantized.output[0]
+        graph.replace([node], [dequantized, rewritten])
+        return
 
 
 # ---- activations ---------------------------------------------------------------------------
@@ -425,6 +490,14 @@ def _code_readers(graph: _Graph, name: str) -> list[onnx.NodeProto] | None:
     return found
 
 
+def _lone_pair(graph: _Graph, node: onnx.NodeProto) -> bool:
+    """True if one DequantizeLinear reads the quantization, and at most one op reads that."""
+    direct = graph.readers.get(node.output[0], [])
+    if len(direct) != 1 or direct[0].op_type != "DequantizeLinear":
+        return False
+    return len(graph.readers.get(direct[0].output[0], [])) <= 1
+
+
 def _unsigned_activations(graph: _Graph, node: onnx.NodeProto) -> None:
     """An int8 quantization read by several ops, or through carriers: uint8 codes."""
     if node.op_type != "QuantizeLinear" or len(node.input) != 3:
@@ -433,9 +506,8 @@ def _unsigned_activations(graph: _Graph, node: onnx.NodeProto) -> None:
     if zero is None or zero.dtype != np.int8 or zero.size != 1:
         return
     readers = _code_readers(graph, node.output[0])
-    direct = graph.readers.get(node.output[0], [])
-    if not readers or (len(direct) == 1 and direct[0].op_type == "DequantizeLinear"):
-        return  # a lone pair onnxruntime converts itself
+    if not readers or _lone_pair(graph, node):
+        return
     for reader in readers:
         reader_zero = graph.array(reader.input[2]) if len(reader.input) == 3 else None
         if reader_zero is None or not np.array_equal(reader_zero, zero):
@@ -445,9 +517,37 @@ def _unsigned_activations(graph: _Graph, node: onnx.NodeProto) -> None:
         reader.input[2] = unsigned
 
 
+def _requantized(graph: _Graph, node: onnx.NodeProto) -> None:
+    """Codes dequantized and quantized again with the same scale and zero point: the codes.
+
+    Exact: `(q - zero) * scale / scale` is within float rounding of the whole `q - zero`.
+    """
+    if node.op_type != "QuantizeLinear" or len(node.input) != 3 or node.output[0] in graph.outputs:
+        return
+    source = graph.producer.get(node.input[0])
+    if source is None or source.op_type != "DequantizeLinear" or len(source.input) != 3:
+        return
+    if _attributes(source).get("axis", 1) != _attributes(node).get("axis", 1):
+        return
+    for a, b in zip(source.input[1:], node.input[1:], strict=True):
+        first, second = graph.array(a), graph.array(b)
+        if first is None or second is None or first.dtype != second.dtype:
+            return
+        if not np.array_equal(first, second):
+            return
+    for reader in graph.readers.get(node.output[0], []):
+        for i, name in enumerate(reader.input):
+            if name == node.output[0]:
+                reader.input[i] = source.input[0]
+    graph.replace([node], [])
+
+
 _REWRITES: list[Rewrite] = [
+    _requantized,
     _integer_conv,
     _integer_matmul,
+    _split_product,
     _float_weights,
+    _float_operand,
     _unsigned_activations,
 ]

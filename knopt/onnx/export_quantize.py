@@ -177,15 +177,17 @@ def _fake_quantized(w: Writer, node: Node) -> Rep | None:
     """`clamp(round(x), lo, hi) * scale` with NaN taken to lo, over 256 levels: Q then DQ.
 
     The bounds are the 8-bit type's less the zero point, so `lo` gives the zero point (of int8
-    or uint8, whichever is smaller). Exact: QuantizeLinear saturates to [lo + zero, hi + zero]
-    and takes NaN to the lowest code; DequantizeLinear subtracts the zero point again and scales.
+    or uint8, whichever is smaller). The scale is one number, or varies along one axis (a
+    per-channel scale of the next op folded in): DequantizeLinear's `axis`. Exact:
+    QuantizeLinear saturates to [lo + zero, hi + zero] and takes NaN to the lowest code;
+    DequantizeLinear subtracts the zero point again and scales.
     """
     if not is_binary(node, Binary.MUL):
         return None
     for codes, factor in operand_pairs(node):
-        scale = splat(w, factor)
+        scales = _scales(w, factor, node.output.rank)
         rounding = _rounding(w, codes)
-        if not scale or rounding is None or rounding.hi - rounding.lo != _LEVELS:
+        if scales is None or rounding is None or rounding.hi - rounding.lo != _LEVELS:
             continue
         if rounding.zero != 0:
             continue
@@ -195,12 +197,28 @@ def _fake_quantized(w: Writer, node: Node) -> Rep | None:
         lo, hi = _QUANTIZED[dtype]
         if zero != round(zero) or not lo <= zero <= hi:
             continue
+        scale, axis = scales
         zero_point = w.em.scalar(zero, dtype)
         x, divisor = _divided(w, rounding)
         q = w.em.op("QuantizeLinear", [x, w.em.scalar(divisor, DType.F32), zero_point])
-        args = [q, w.em.scalar(scale, DType.F32), zero_point]
-        return w.output(node, w.em.op("DequantizeLinear", args))
+        if axis is not None:
+            zero_point = w.em.constant(np.full(scale.shape, zero, dtype.numpy))
+        args = [q, w.em.constant(scale), zero_point]
+        return w.output(node, w.em.op("DequantizeLinear", args, axis=axis))
     return None
+
+
+def _scales(w: Writer, factor: Value, rank: int) -> tuple[np.ndarray, int | None] | None:
+    """A dequantization's scale: (one positive number, None) or (a vector, the axis it is on)."""
+    rep = w.rep(factor)
+    if rep.array is None or rep.array.dtype != np.float32 or not np.all(rep.array > 0):
+        return None
+    if rep.array.size == 1:
+        return rep.array.reshape(()), None
+    varying = [a for a, size in enumerate(rep.shape) if size != 1]
+    if len(varying) != 1 or len(rep.shape) > rank:
+        return None
+    return rep.array.reshape(-1), rank - len(rep.shape) + varying[0]
 
 
 def _dequantize_linear(w: Writer, node: Node) -> Rep | None:
