@@ -13,10 +13,14 @@ groups. Each rewrite needs a QuantizeLinear after the product and a DequantizeLi
 so float models are never touched:
 
 - `ConvInteger | MatMulInteger -> Cast -> Mul(c) [-> Add(bias)] -> QuantizeLinear`: the
-  operands dequantized (the weights by c) before a float Conv or MatMul (and its bias);
+  operands dequantized (the second by c) before a float Conv or MatMul (and its bias);
+- a product split along its output channels (the optimizer merges the products of one input,
+  such as the Q, K and V projections), a part of it quantized: one product per part;
 - a float Conv, Gemm or MatMul between DequantizeLinear and QuantizeLinear whose weights are
   whole multiples of a scale (per tensor or per output channel, as a quantizer made them and
-  the optimizer scaled them): those 8-bit codes, dequantized;
+  the optimizer scaled them): those 8-bit codes, dequantized; the same for a constant added to
+  or multiplying a dequantized value (onnxruntime's QLinearAdd and QLinearMul);
+- codes dequantized and quantized again with the same parameters: the codes;
 - an int8 quantization whose codes are read by more than one op, or through MaxPool or a
   layout op: uint8 codes, the zero point 128 higher (exact). onnxruntime's x86 integer kernels
   take uint8 activations; it converts a lone int8 Quantize-Dequantize pair (one op reading the
@@ -38,8 +42,9 @@ from onnx import helper, numpy_helper
 
 # Ops that only move or select codes: onnxruntime moves a DequantizeLinear across them.
 _CARRIERS = frozenset({"Flatten", "MaxPool", "Reshape", "Squeeze", "Transpose", "Unsqueeze"})
-# Folding scales into weights rounds them by about 2^-22 of a code; a tenth of a code is far.
-_CODE_TOLERANCE = 0.1
+# Folding scales into weights moves them by under 1e-4 of a code (a few roundings of 2^-24 of
+# codes up to 255); random float weights come that close to whole codes only by chance.
+_CODE_TOLERANCE = 1e-3
 _MAX_LEVELS = 255  # codes of an 8-bit type span at most 255 steps
 _SAMPLE = 64  # a scale is tried on this many weights before all of them
 
