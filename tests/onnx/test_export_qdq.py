@@ -28,7 +28,6 @@ from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Value
 from knopt.ir.op import Unary
 from knopt.onnx.export import save_onnx
-from knopt.onnx.export_qdq import quantized_weights
 from tests.models import Fixture, fixtures
 from tests.oracle import random_array, run_knopt
 
@@ -83,35 +82,6 @@ def _assert_within_one_step(ours: list[np.ndarray], theirs: list[np.ndarray], st
     for mine, expected in zip(ours, theirs, strict=True):
         assert mine.shape == expected.shape
         np.testing.assert_allclose(mine, expected, rtol=0, atol=step * 1.001)
-
-
-# ---- recovering codes ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("layout", ["tensor", "channel", "uint8"])
-def test_weights_that_are_multiples_of_a_scale_are_their_codes(
-    rng: np.random.Generator, layout: str
-) -> None:
-    codes = rng.integers(-127, 128, (6, 4, 3)).astype(np.float32)
-    scale = np.float32(0.0123)
-    if layout == "channel":
-        scale = rng.uniform(0.001, 0.1, (6, 1, 1)).astype(np.float32)
-    if layout == "uint8":  # asymmetric weights: codes less a zero point, beyond int8's range
-        codes = rng.integers(0, 256, (6, 4, 3)).astype(np.float32) - 200
-    # As the optimizer leaves them: dequantized, then scaled by 1 / (the output's scale).
-    weights = (codes * scale).astype(np.float32) * np.float32(1 / 0.0371)
-    found = quantized_weights(weights, axis=0)
-    assert found is not None
-    assert found.codes.dtype == (np.uint8 if layout == "uint8" else np.int8)
-    assert (found.axis is None) == (layout != "channel")
-    shape = (-1, 1, 1) if found.axis == 0 else ()
-    zero = found.zero.astype(np.float64).reshape(shape)
-    dequantized = (found.codes - zero) * found.scale.reshape(shape)
-    np.testing.assert_allclose(dequantized, weights, rtol=1e-6, atol=1e-7 * np.abs(weights).max())
-
-
-def test_float_weights_are_not_codes(rng: np.random.Generator) -> None:
-    assert quantized_weights(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), 0) is None
 
 
 # ---- a hand-made QDQ convolution ----------------------------------------------------------------
