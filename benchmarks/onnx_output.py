@@ -3,9 +3,10 @@
     python benchmarks/onnx_output.py               # table, and a new entry in RESULTS.md
     python benchmarks/onnx_output.py --no-record --runs 100 bert gpt2
 
-For every committed fixture model (tests/fixtures/models), knopt's demo and models derived from
+For every committed fixture model (tests/fixtures/models), knopt's demo, models derived from
 fixtures with onnxruntime's own tools (float16 weights and activations, QDQ static and dynamic
-int8 quantization, made in a temporary folder at the start): the onnxruntime CPU
+int8 quantization, made in a temporary folder at the start) and the committed quantized
+fixtures with 8-bit activations (tests/fixtures/quantized: QDQ and dynamic): the onnxruntime CPU
 latency (ORT_ENABLE_ALL, one intra-op thread and onnxruntime's default, the median of many runs)
 of the original and of knopt's output for `--target onnx` and `--target onnxruntime`, all
 sessions of one model in one process, run interleaved; and the node counts of the original,
@@ -133,7 +134,22 @@ def _models(folder: Path) -> list[tuple[str, Path, dict[str, np.ndarray]]]:
     models = [(f.file, f.path, f.feeds()) for f in fixtures()]
     demo = ROOT / "knopt" / "data" / "demo.onnx"
     models.append(("demo.onnx", demo, _random_feeds(demo)))
-    return models + _derived(folder)
+    return models + _derived(folder) + _quantized()
+
+
+def _quantized() -> list[tuple[str, Path, dict[str, np.ndarray]]]:
+    """The committed quantized fixtures whose activations are 8-bit too (QDQ and dynamic)."""
+    import json
+
+    from tests.models import Fixture
+
+    folder = ROOT / "tests" / "fixtures" / "quantized"
+    made = []
+    for entry in json.loads((folder / "manifest.json").read_text())["files"]:
+        if entry["variant"].startswith("qdq") or entry["variant"] == "dynamic":
+            fixture = Fixture(entry["file"], entry["model"], entry["variant"], entry["inputs"])
+            made.append((f"quantized/{entry['file']}", folder / entry["file"], fixture.feeds()))
+    return made
 
 
 def _derived(folder: Path) -> list[tuple[str, Path, dict[str, np.ndarray]]]:
@@ -277,10 +293,12 @@ def _summary(rows: list[Row]) -> list[str]:
             ratios = [_ratio(r, threads, target) for r in rows]
             worst = max(rows, key=lambda r: _ratio(r, threads, target))
             transformers = [_ratio(r, threads, target) for r in rows if _is_transformer(r)]
+            quantized = [_ratio(r, threads, target) for r in rows if _kind(r) == "quantized"]
             noise = [abs(math.log(_ratio(r, threads, "again"))) for r in rows]
             lines.append(
                 f"- {label}, `--target {target}`: knopt / original latency geometric mean "
-                f"{_geomean(ratios):.2f} (transformers {_geomean(transformers):.2f}), worst "
+                f"{_geomean(ratios):.2f} (transformers {_geomean(transformers):.2f}, quantized "
+                f"{_geomean(quantized):.2f}), worst "
                 f"{_ratio(worst, threads, target):.2f} ({worst.file}), at most 1.05 on "
                 f"{sum(x <= 1.05 for x in ratios)} of {len(rows)}; noise (original against "
                 f"itself) median {math.exp(statistics.median(noise)):.3f}, worst "
@@ -310,7 +328,8 @@ def _kind(row: Row) -> str:
     """float32, float16 or quantized: what the model computes in."""
     if "_fp16" in row.file:
         return "float16"
-    return "quantized" if "_qdq" in row.file or "int8" in row.file else "float32"
+    quantized = ("_qdq" in row.file, "int8" in row.file, "_dynamic" in row.file)
+    return "quantized" if any(quantized) else "float32"
 
 
 def _is_transformer(row: Row) -> bool:

@@ -41,6 +41,7 @@ class Emitter:
         self._constants: dict[tuple[str, tuple[int, ...], bytes], str] = {}
         self._sizes: dict[Dim, str] = {}
         self._symbols = _symbol_sources(graph)
+        self._producers: dict[str, onnx.NodeProto] = {}
         self._base = "node"
         self._opaque: dict[tuple[OpaqueCall, tuple[str, ...]], list[str]] = {}
         self.domain_versions: dict[str, int] = {}  # of the domains opaque nodes were kept at
@@ -92,6 +93,7 @@ class Emitter:
         kept = {key: value for key, value in attrs.items() if value is not None}
         node = helper.make_node(op_type, list(inputs), results, name=name, domain=domain, **kept)
         self.nodes.append(node)
+        self._producers.update((result, node) for result in results if result)
         return results
 
     def opaque(self, call: OpaqueCall, inputs: Sequence[str]) -> list[str]:
@@ -118,6 +120,7 @@ class Emitter:
             for i, name in enumerate(node.output)
         ]
         self.nodes.append(node)
+        self._producers.update((result, node) for result in node.output if result)
         self._opaque[key] = list(node.output)
         return self._opaque[key]
 
@@ -137,6 +140,10 @@ class Emitter:
                 f"{where}: domain {call.domain} is kept at version {call.version} here and "
                 f"{known} elsewhere; one model imports a domain at one version"
             )
+
+    def producer(self, name: str) -> onnx.NodeProto | None:
+        """The node that computes the value `name`; None for an input or initializer."""
+        return self._producers.get(name)
 
     def carry_narrow_floats(self, start: int, types: dict[str, int]) -> None:
         """Compute the nodes added since `start` in float32 where their op lacks 16-bit floats.

@@ -26,6 +26,8 @@ from knopt.onnx.export_fused import STANDARD, Patterns
 from knopt.onnx.export_integer import INTEGER_PATTERNS
 from knopt.onnx.export_layout import HANDLERS
 from knopt.onnx.export_ort import ORT_PATTERNS
+from knopt.onnx.export_qdq import qdq_groups
+from knopt.onnx.export_quantize import QUANTIZE_PATTERNS
 from knopt.onnx.export_tidy import without_unused
 from knopt.onnx.writer import Target, Writer
 from knopt.version import __version__
@@ -131,6 +133,8 @@ def write_model(graph: Graph, opset: int, target: Target) -> onnx.ModelProto:
         carry_floats(em, graph)
     name_outputs(em, graph, names)
     em.nodes, em.initializers = without_unused(em.nodes, em.initializers, graph.output_names)
+    nodes, initializers = qdq_groups(em.nodes, em.initializers, graph.output_names)
+    em.nodes, em.initializers = without_unused(nodes, initializers, graph.output_names)
     return assemble(em, graph, opset)
 
 
@@ -138,7 +142,7 @@ def patterns_for(target: Target) -> Patterns:
     """The patterns to try, by the op class of the node they end at, most specific first."""
     tables = [ORT_PATTERNS] if target is Target.ONNXRUNTIME else []
     patterns: Patterns = {}
-    for table in [*tables, STANDARD, ATTENTION_PATTERNS, INTEGER_PATTERNS]:
+    for table in [*tables, QUANTIZE_PATTERNS, STANDARD, ATTENTION_PATTERNS, INTEGER_PATTERNS]:
         for op_class, found in table.items():
             patterns.setdefault(op_class, []).extend(found)
     return patterns

@@ -14,10 +14,6 @@ computed twice; the nodes it absorbs were written already and are dropped as unr
   input, which ONNX broadcasts.
 - a sum times 1/N (or over N): ReduceMean, or GlobalAveragePool over every spatial axis;
   `x - max - log(sum(exp(x - max)))`: LogSoftmax.
-- the importer's rounding, shifting and saturating to 8 bits: QuantizeLinear; an 8-bit value
-  minus its zero point times a scale: DequantizeLinear (per tensor); the optimizer's fake
-  quantization (rounding saturated to an 8-bit range less the zero point, in float, times a
-  scale): QuantizeLinear and DequantizeLinear.
 - Slices that tile an axis: one Split; Gathers that repeat elements along two or more spatial
   axes (nearest upsampling): one Resize.
 """
@@ -30,7 +26,6 @@ from collections.abc import Callable
 import numpy as np
 
 from knopt.ir import op as ops
-from knopt.ir.dtype import DType
 from knopt.ir.graph import Node, Value
 from knopt.ir.op import Binary, Reduction, Unary
 from knopt.ir.shape import Shape
@@ -259,11 +254,15 @@ def _mean(w: Writer, node: Node) -> Rep | None:
         expected = 1 / count if is_binary(node, Binary.MUL) else count
         if x.dtype.numpy.type(expected) != x.dtype.numpy.type(value):
             continue
-        if op.axes == tuple(range(2, x.rank)) and x.rank >= 3:
-            return w.output(node, w.em.op("GlobalAveragePool", [w.exact(x)]))
-        axes = w.em.ints(list(op.axes))
-        return w.output(node, w.em.op("ReduceMean", [w.exact(x), axes], keepdims=1))
+        return w.output(node, mean(w, x, op.axes))
     return None
+
+
+def mean(w: Writer, x: Value, axes: tuple[int, ...]) -> str:
+    """The mean of `x` over `axes`, kept: GlobalAveragePool over every spatial axis."""
+    if axes == tuple(range(2, x.rank)) and x.rank >= 3:
+        return w.em.op("GlobalAveragePool", [w.exact(x)])
+    return w.em.op("ReduceMean", [w.exact(x), w.em.ints(list(axes))], keepdims=1)
 
 
 def _through_broadcast(value: Value) -> Value:
@@ -301,139 +300,6 @@ def _log_softmax(w: Writer, node: Node) -> Rep | None:
     if found is None or found[0] is not x or found[1] != summed[1]:
         return None
     return w.output(node, w.em.op("LogSoftmax", [w.exact(x)], axis=summed[1]))
-
-
-# ---- quantization ------------------------------------------------------------------------
-
-_QUANTIZED = {DType.I8: (-128.0, 127.0), DType.U8: (0.0, 255.0)}
-
-
-def _unary_of(value: Value, kind: Unary) -> Value | None:
-    op = value.producer.op
-    if isinstance(op, ops.UnaryOp) and op.kind is kind:
-        return value.producer.inputs[0]
-    return None
-
-
-def _quantize_linear(w: Writer, node: Node) -> Rep | None:
-    """Rounding `x / scale` plus a zero point, saturated to 8 bits: QuantizeLinear.
-
-    The importer's spelling (NaN mapped to the lowest value, through int32 or, as
-    rules/quantize.egg leaves it before an integer product, not), exactly: what the
-    optimizer made of the division is kept, since `x / scale` and `x * (1 / scale)` round
-    differently at ties.
-    """
-    op = node.op
-    if not isinstance(op, ops.Cast) or op.dtype not in _QUANTIZED:
-        return None
-    (wide,) = node.inputs
-    if isinstance(wide.producer.op, ops.Cast) and wide.producer.op.dtype is DType.I32:
-        wide = wide.producer.inputs[0]  # the importer's spelling goes through int32
-    select = wide.producer
-    if (
-        not isinstance(select.op, ops.Where)
-        or select.inputs[2] is not select.inputs[0].producer.inputs[0]
-    ):
-        return None
-    bounded = select.inputs[2]
-    clamp = bounded.producer.op
-    if _unary_of(select.inputs[0], Unary.IS_NAN) is None or not isinstance(clamp, ops.Clamp):
-        return None
-    if (clamp.lo, clamp.hi) != _QUANTIZED[op.dtype]:
-        return None
-    rounded, zero = bounded.producer.inputs[0], 0.0
-    if is_binary(rounded.producer, Binary.ADD):
-        rounded, shift = rounded.producer.inputs
-        if (found := splat(w, shift)) is None:
-            return None
-        zero = found
-    scaled = _unary_of(rounded, Unary.ROUND)
-    if scaled is None or scaled.dtype is not DType.F32:
-        return None
-    # A division by the scale is the op's own; anything else (a product by 1 / scale, or a
-    # scale the optimizer moved into a Conv's weights) is computed before, and divided by 1.
-    x, scale = scaled, 1.0
-    if is_binary(scaled.producer, Binary.DIV) and (found := splat(w, scaled.producer.inputs[1])):
-        x, scale = scaled.producer.inputs[0], found
-    args = [w.exact(x), w.em.scalar(scale, DType.F32), w.em.scalar(zero, op.dtype)]
-    return w.output(node, w.em.op("QuantizeLinear", args))
-
-
-def _fake_quantized(w: Writer, node: Node) -> Rep | None:
-    """`clamp(round(x), lo, hi) * scale` with NaN taken to lo, over 256 levels: Q then DQ.
-
-    rules/quantize.egg shortens a quantization that is dequantized at once to this float
-    spelling of `q - zero`: the bounds are the 8-bit type's less the zero point, so `lo` gives
-    the zero point (of int8 or uint8, whichever is smaller). Exact: QuantizeLinear rounds
-    `x / 1` half to even as ROUND does, saturates to [lo + zero, hi + zero] and takes NaN to the
-    lowest code as the Where does; DequantizeLinear subtracts the zero point again and scales.
-    """
-    if not is_binary(node, Binary.MUL):
-        return None
-    for bounded, factor in operand_pairs(node):
-        scale = splat(w, factor)
-        clamp = bounded.producer.op
-        if not scale or not isinstance(clamp, ops.Clamp) or clamp.hi - clamp.lo != 255.0:
-            continue
-        select = bounded.producer.inputs[0].producer
-        if not isinstance(select.op, ops.Where) or splat(w, select.inputs[1]) != clamp.lo:
-            continue
-        rounded = select.inputs[2]
-        if _unary_of(select.inputs[0], Unary.IS_NAN) is not rounded:
-            continue
-        x = _unary_of(rounded, Unary.ROUND)
-        # Either type spells the range; the smaller zero point is the exporter's usual choice.
-        dtype = min(_QUANTIZED, key=lambda t: abs(_QUANTIZED[t][0] - clamp.lo))
-        zero = _QUANTIZED[dtype][0] - clamp.lo
-        lo, hi = _QUANTIZED[dtype]
-        if x is None or x.dtype is not DType.F32 or zero != round(zero) or not lo <= zero <= hi:
-            continue
-        zero_point = w.em.scalar(zero, dtype)
-        q = w.em.op("QuantizeLinear", [w.exact(x), w.em.scalar(1.0, DType.F32), zero_point])
-        args = [q, w.em.scalar(scale, DType.F32), zero_point]
-        return w.output(node, w.em.op("DequantizeLinear", args))
-    return None
-
-
-def _dequantize_linear(w: Writer, node: Node) -> Rep | None:
-    """`(q - zero) * scale` of an 8-bit q, or `q * scale - zero * scale`: DequantizeLinear."""
-    product, offset = node, 0.0
-    if is_binary(node, Binary.ADD):
-        for candidate, shift in operand_pairs(node):
-            if is_binary(candidate.producer, Binary.MUL) and (found := splat(w, shift)) is not None:
-                product, offset = candidate.producer, found
-                break
-        else:
-            return None
-    if not is_binary(product, Binary.MUL):
-        return None
-    for shifted, factor in operand_pairs(product):
-        scale = splat(w, factor)
-        if not scale:
-            continue
-        zero, widened = -offset / scale, shifted
-        if product is node and is_binary(shifted.producer, Binary.SUB):
-            widened, shift = shifted.producer.inputs
-            zero = splat(w, shift) or 0.0
-        operands = _dequantized(w, widened, zero)
-        if operands is not None:
-            args = [operands[0], w.em.scalar(scale, DType.F32), operands[1]]
-            return w.output(node, w.em.op("DequantizeLinear", args))
-    return None
-
-
-def _dequantized(w: Writer, widened: Value, zero: float) -> tuple[str, str] | None:
-    """The 8-bit value `widened` is cast from, and `zero` as its zero point, if it fits."""
-    cast = widened.producer
-    if not isinstance(cast.op, ops.Cast) or cast.op.dtype is not DType.F32:
-        return None
-    (q,) = cast.inputs
-    if q.dtype not in _QUANTIZED or zero != round(zero):
-        return None
-    lo, hi = _QUANTIZED[q.dtype]
-    if not lo <= zero <= hi:
-        return None
-    return w.exact(q), w.em.scalar(zero, q.dtype)
 
 
 # ---- layout ------------------------------------------------------------------------------
@@ -516,8 +382,6 @@ def _nearest_upsampling(w: Writer, node: Node) -> Rep | None:
 
 STANDARD: Patterns = {
     ops.BinaryOp: [
-        _dequantize_linear,
-        _fake_quantized,
         _layer_norm,
         _rms_norm,
         _conv_bias,
@@ -525,7 +389,6 @@ STANDARD: Patterns = {
         _mean,
         _log_softmax,
     ],
-    ops.Cast: [_quantize_linear],
     ops.View: [_unflattened_product],
     ops.Slice: [_split],
     ops.Gather: [_nearest_upsampling],

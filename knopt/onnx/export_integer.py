@@ -77,6 +77,7 @@ def _bound(value: Value, kind: Reduction, combine: Binary) -> Value | None:
     reduced, zero = node.inputs
     if _splat(zero) != 0:
         return None
+    reduced = _source(reduced)  # the whole reduction, perhaps viewed as a scalar
     op = reduced.producer.op
     if not isinstance(op, ops.Reduce) or op.kind is not kind:
         return None
@@ -119,9 +120,29 @@ def _zero_point(scale: Value, low: Value) -> Node | None:
     return None
 
 
+def _same(a: Value, b: Value, depth: int = 16) -> bool:
+    """True if `a` and `b` are computed alike from the same values.
+
+    The optimizer may leave such twins: a value it reads the range of, and a copy it divides
+    by the scale (resnet_dynamic: the Relu after each ConvInteger).
+    """
+    if a is b:
+        return True
+    x, y = a.producer, b.producer
+    if depth == 0 or x.op != y.op or isinstance(x.op, ops.Input) or a.type != b.type:
+        return False
+    if len(x.inputs) != len(y.inputs):
+        return False
+    return all(_same(p, q, depth - 1) for p, q in zip(x.inputs, y.inputs, strict=True))
+
+
 def _quantized(x: Value, scale: Value, zero: Value) -> Node | None:
     """The node casting `clamp(round(x / scale) + zero, 0, 255)` to uint8."""
-    for ratio in _users(scale, lambda n: is_binary(n, Binary.DIV) and n.inputs[0] is x):
+
+    def divides(node: Node) -> bool:
+        return is_binary(node, Binary.DIV) and _same(node.inputs[0], x)
+
+    for ratio in _users(scale, divides):
         for rounding in _users(ratio.output, lambda n: _is_unary(n, Unary.ROUND)):
             for add in _users(rounding.output, lambda n: is_binary(n, Binary.ADD)):
                 if _source(add.inputs[1]) is not zero:

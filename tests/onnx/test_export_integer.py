@@ -63,3 +63,26 @@ def test_weights_beyond_int8_stay_an_int32_product(rng: np.random.Generator) -> 
     written = save_onnx(graph)
     assert "MatMulInteger" not in ops_of(written)
     assert ops_of(written)["MatMul"] == 1
+
+
+def test_dynamically_quantized_resnet_keeps_one_dynamic_quantization_per_conv() -> None:
+    """resnet_dynamic: one DynamicQuantizeLinear per ConvInteger, as in the input model.
+
+    The optimizer leaves twins of each Relu (one read for its range, one divided by the scale)
+    and views a reduction as a scalar before its bound.
+    """
+    import json
+    from pathlib import Path
+
+    from tests.models import Fixture
+
+    folder = Path(__file__).parents[1] / "fixtures" / "quantized"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (entry,) = [e for e in manifest["files"] if e["file"] == "resnet_dynamic.onnx"]
+    original = onnx.load(folder / entry["file"])
+    written = save_onnx(knopt.optimize(knopt.load(folder / entry["file"]), ilp=False).graph)
+    assert ops_of(written)["DynamicQuantizeLinear"] == ops_of(original)["DynamicQuantizeLinear"]
+    assert len(written.graph.node) <= len(original.graph.node)
+    fixture = Fixture(entry["file"], entry["model"], entry["variant"], entry["inputs"])
+    feeds = fixture.feeds(seed=6)
+    assert_same(run_onnxruntime(written, feeds), run_onnxruntime(original, feeds))
