@@ -13,7 +13,7 @@ def test_weights_that_are_multiples_of_a_scale_are_their_codes(
     rng: np.random.Generator, layout: str
 ) -> None:
     codes = rng.integers(-127, 128, (6, 4, 3)).astype(np.float32)
-    scale = np.float32(0.0123)
+    scale: np.ndarray = np.array(0.0123, np.float32)
     if layout == "channel":
         scale = rng.uniform(0.001, 0.1, (6, 1, 1)).astype(np.float32)
     if layout == "uint8":  # asymmetric weights: codes less a zero point, beyond int8's range

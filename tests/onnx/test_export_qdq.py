@@ -16,6 +16,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -91,7 +92,7 @@ def _qdq_conv(rng: np.random.Generator, per_channel: bool, activations: str) -> 
     """`x -> Q -> DQ -> Conv(DQ(int8 w), DQ(int32 b)) -> Q -> DQ`, as quantize_static writes it."""
     dtype = np.int8 if activations == "int8" else np.uint8
     x_zero, y_zero = (3, -20) if activations == "int8" else (131, 108)
-    w_scale = np.float32(0.013)
+    w_scale: np.ndarray = np.array(0.013, np.float32)
     if per_channel:
         w_scale = np.array([0.011, 0.02, 0.017, 0.005], np.float32)
     x_scale, y_scale = np.float32(0.05), np.float32(0.08)
@@ -107,7 +108,7 @@ def _qdq_conv(rng: np.random.Generator, per_channel: bool, activations: str) -> 
         "b_scale": (x_scale * w_scale).astype(np.float32),
         "b_zero": np.zeros(w_scale.shape, np.int32),
     }
-    axis = {"axis": 0} if per_channel else {}
+    axis: dict[str, Any] = {"axis": 0} if per_channel else {}
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"]),
         helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zero"], ["xd"]),
