@@ -248,14 +248,14 @@ def _canonical(step: Gemm | Conv) -> tuple[Gemm | Conv, dict[int, int]]:
         residual = None
         if step.residual is not None:
             ids[3] = step.residual.tensor
-            residual = dataclasses.replace(step.residual, tensor=3)
+            residual = step.residual.with_tensor(3)
         if step.bias is not None:
             ids[4] = step.bias
         gemm = dataclasses.replace(
             step,
-            a=dataclasses.replace(step.a, tensor=0),
-            b=dataclasses.replace(step.b, tensor=1),
-            d=dataclasses.replace(step.d, tensor=2),
+            a=step.a.with_tensor(0),
+            b=step.b.with_tensor(1),
+            d=step.d.with_tensor(2),
             residual=residual,
             bias=4 if step.bias is not None else None,
             fallback=_FALLBACK if step.fallback is not None else None,

@@ -277,21 +277,20 @@ def assign_offsets(buffers: list[Buffer]) -> int:
     Returns:
         The bytes the placement needs.
     """
-    placed: list[Buffer] = []
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
     size = 0
     for buffer in sorted(buffers, key=lambda b: (-align(b.nbytes), b.first, b.id)):
         need = align(buffer.nbytes)
-        clashes = sorted(
-            (b for b in placed if b.first <= buffer.last and buffer.first <= b.last),
-            key=lambda b: b.offset,
-        )
+        first, last = buffer.first, buffer.last
+        # Clashes in order of offset (among equal offsets the order cannot change the result).
+        clashes = sorted([(o, end) for o, end, f, la in placed if f <= last and first <= la])
         offset = 0
-        for other in clashes:
-            if offset + need <= other.offset:
+        for other, end in clashes:
+            if offset + need <= other:
                 break
-            offset = max(offset, other.offset + align(other.nbytes))
+            offset = max(offset, end)
         buffer.offset = offset
-        placed.append(buffer)
+        placed.append((offset, offset + need, first, last))
         size = max(size, offset + need)
     return size
 

@@ -33,6 +33,7 @@ from knopt.ir.op import ConstData, Op
 from knopt.ir.program import Kernel, Program
 
 KernelClasses = tuple[int | None, ...]  # per kernel: its class, or None (never replayed)
+_UNSEEN = object()  # a key not looked up before
 Lowering = Callable[[LoweringContext, Kernel], None]
 
 
@@ -86,22 +87,63 @@ def structure_key(value: object) -> Hashable:
     Raises:
         _Unkeyable: For a value of a type it does not know (an array, say).
     """
-    if value is None or isinstance(value, str | bytes | bool | int | enum.Enum):
-        return (type(value), value)
-    if isinstance(value, float):
-        return (float, value.hex())
-    if isinstance(value, np.generic):
-        return (type(value), value.tobytes())
-    if isinstance(value, tuple | list):
-        return (type(value), tuple(structure_key(v) for v in value))
-    if isinstance(value, frozenset):
-        return (frozenset, frozenset(structure_key(v) for v in value))
-    if isinstance(value, ConstData):
-        return (ConstData, value.digest)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = dataclasses.fields(value)
-        return (type(value), tuple(structure_key(getattr(value, f.name)) for f in fields))
-    raise _Unkeyable(type(value).__name__)
+    cls = type(value)
+    kind = _KINDS.get(cls) or _classify(cls)
+    if kind is _Kind.PLAIN:
+        return (cls, value)
+    if kind is _Kind.DATACLASS:
+        return (cls, tuple(structure_key(getattr(value, name)) for name in _FIELDS[cls]))
+    if kind is _Kind.SEQUENCE:
+        return (cls, tuple(structure_key(v) for v in value))  # type: ignore[attr-defined]
+    if kind is _Kind.FLOAT:
+        return (float, value.hex())  # type: ignore[attr-defined]
+    if kind is _Kind.NUMPY:
+        return (cls, value.tobytes())  # type: ignore[attr-defined]
+    if kind is _Kind.SET:
+        return (cls, frozenset(structure_key(v) for v in value))  # type: ignore[attr-defined]
+    if kind is _Kind.CONST_DATA:
+        return (cls, value.digest)  # type: ignore[attr-defined]
+    raise _Unkeyable(cls.__name__)
+
+
+class _Kind(enum.Enum):
+    """How `structure_key` keys a value of some type."""
+
+    PLAIN = enum.auto()  # None, str, bytes, bool, int, enums: exact by type and ==
+    FLOAT = enum.auto()
+    NUMPY = enum.auto()  # numpy scalars, by type and bytes
+    SEQUENCE = enum.auto()
+    SET = enum.auto()
+    CONST_DATA = enum.auto()  # by digest
+    DATACLASS = enum.auto()  # by type and fields
+    UNKNOWN = enum.auto()
+
+
+_KINDS: dict[type, _Kind] = {}
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _classify(cls: type) -> _Kind:
+    """The kind of `cls` (found once per type)."""
+    if issubclass(cls, np.generic):  # first: np.float64 is a float too
+        kind = _Kind.NUMPY
+    elif cls is type(None) or issubclass(cls, str | bytes | bool | int | enum.Enum):
+        kind = _Kind.PLAIN
+    elif issubclass(cls, float):
+        kind = _Kind.FLOAT
+    elif issubclass(cls, tuple | list):
+        kind = _Kind.SEQUENCE
+    elif issubclass(cls, frozenset):
+        kind = _Kind.SET
+    elif issubclass(cls, ConstData):
+        kind = _Kind.CONST_DATA
+    elif dataclasses.is_dataclass(cls):
+        kind = _Kind.DATACLASS
+        _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    else:
+        kind = _Kind.UNKNOWN
+    _KINDS[cls] = kind
+    return kind
 
 
 def kernel_classes(program: Program) -> KernelClasses:
@@ -162,8 +204,8 @@ class LoweringMemo:
         self.ctx = ctx
         self.classes = classes
         self.lowering = lowering
-        self._recorded: dict[Hashable, _Recording | None] = {}
-        self._views: dict[tuple[int, Layout], Layout | None] = {}
+        self._recorded: dict[Hashable, _Recording | object | None] = {}
+        self._views: dict[tuple[object, ...], Layout | None] = {}
 
     def lower(self, kernel: Kernel, index: int) -> None:
         """Append the steps of kernel number `index` of the program."""
@@ -173,24 +215,24 @@ class LoweringMemo:
             return
         tensors, buffers, signature = self._signature(kernel)
         key = (cls, signature)
-        if key in self._recorded:
-            found = self._recorded[key]
-            if found is None:  # not replayable: lowered anew each time
-                self.lowering(self.ctx, kernel)
-            else:
-                self._replay(found, tensors, buffers)
-            return
-        self._recorded[key] = self._record(kernel, tensors, buffers)
+        found = self._recorded.get(key, _UNSEEN)
+        if found is _UNSEEN:
+            self._recorded[key] = self._record(kernel, tensors, buffers)
+        elif isinstance(found, _Recording):
+            self._replay(found, tensors, buffers)
+        else:  # not replayable: lowered anew each time
+            self.lowering(self.ctx, kernel)
 
     def view_layout(self, index: int, op: Op, source: Layout) -> Layout | None:
         """`view_layout(op, source)` for view kernel number `index`, once per class and layout."""
         cls = self.classes[index]
         if cls is None:
             return view_layout(op, source)
-        key = (cls, source)
-        if key not in self._views:
-            self._views[key] = view_layout(op, source)
-        return self._views[key]
+        key = (cls, *_layout_key(source))
+        found = self._views.get(key, _UNSEEN)
+        if found is _UNSEEN:
+            found = self._views[key] = view_layout(op, source)
+        return found  # type: ignore[return-value]
 
     def _signature(self, kernel: Kernel) -> tuple[list[int], list[int], tuple[object, ...]]:
         """The kernel's distinct tensors and buffers, and what lowering reads of them."""
@@ -206,12 +248,12 @@ class LoweringMemo:
             order[tid] = len(order)
             tensor = ctx.tensors[tid]
             if tensor.buffer < 0:
-                parts.append((tensor.dtype, tensor.layout))
+                parts.append((tensor.dtype, *_layout_key(tensor.layout)))
                 continue
             buffer = ctx.buffers[tensor.buffer]
             slot = buffers.setdefault(buffer.id, len(buffers))
             offset = buffer.offset if buffer.region == "resident" else -1
-            parts.append((tensor.dtype, tensor.layout, buffer.region, slot, offset))
+            parts.append((tensor.dtype, *_layout_key(tensor.layout), buffer.region, slot, offset))
         return list(order), list(buffers), tuple(parts)
 
     def _record(self, kernel: Kernel, tensors: list[int], buffers: list[int]) -> _Recording | None:
@@ -265,6 +307,11 @@ class LoweringMemo:
             )
         for step in recording.steps:
             ctx.emit(map_step_tensors(step, tensor_map))
+
+
+def _layout_key(layout: Layout) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """A layout as plain tuples, which hash faster than the dataclass."""
+    return layout.shape, layout.strides, layout.offset
 
 
 def _tensor_state(ctx: LoweringContext, tid: int) -> tuple[object, ...]:

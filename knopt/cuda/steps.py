@@ -55,6 +55,12 @@ class Operand:
     col_stride: int
     batch_stride: int
 
+    def with_tensor(self, tensor: int) -> Operand:
+        """The same operand of another plan tensor (cheaper than `dataclasses.replace`)."""
+        return Operand(
+            tensor, self.rows, self.cols, self.row_stride, self.col_stride, self.batch_stride
+        )
+
 
 @dataclass(frozen=True)
 class Gemm:
@@ -159,11 +165,15 @@ def map_step_tensors(step: Step, new: Mapping[int, int]) -> Step:
     if isinstance(step, Gemm):
         return dataclasses.replace(
             step,
-            a=_map_operand(step.a, new),
-            b=_map_operand(step.b, new),
-            d=_map_operand(step.d, new),
+            a=step.a.with_tensor(new[step.a.tensor]),
+            b=step.b.with_tensor(new[step.b.tensor]),
+            d=step.d.with_tensor(new[step.d.tensor]),
             bias=bias,
-            residual=_map_operand(step.residual, new) if step.residual is not None else None,
+            residual=(
+                step.residual.with_tensor(new[step.residual.tensor])
+                if step.residual is not None
+                else None
+            ),
             fallback=fallback,
         )
     direct = _map_launch(step.direct, new) if step.direct is not None else None
@@ -182,10 +192,6 @@ def map_step_tensors(step: Step, new: Mapping[int, int]) -> Step:
 def _map_launch(launch: Launch, new: Mapping[int, int]) -> Launch:
     args = tuple(Buf(new[arg.tensor]) if isinstance(arg, Buf) else arg for arg in launch.args)
     return Launch(launch.name, launch.source, launch.grid, launch.block, args, launch.shared)
-
-
-def _map_operand(operand: Operand, new: Mapping[int, int]) -> Operand:
-    return dataclasses.replace(operand, tensor=new[operand.tensor])
 
 
 def kernel_launches(step: Step) -> list[Launch]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -146,8 +147,13 @@ def _holds_size(value: object) -> bool:
     if isinstance(value, tuple):
         return any(_holds_size(v) for v in value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return any(_holds_size(getattr(value, f.name)) for f in dataclasses.fields(value))
+        return any(_holds_size(getattr(value, name)) for name in _field_names(type(value)))
     return False
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def bind_attributes(op: Any, sizes: Mapping[str, int]) -> Any:

@@ -4,6 +4,7 @@ more than a kernel's tensors."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
@@ -235,6 +236,7 @@ def test_structure_keys_are_exact() -> None:
     assert structure_key(1) != structure_key(True)
     assert structure_key(DType.F32) != structure_key(1)
     assert structure_key(np.float32(2.5)) != structure_key(np.float64(2.5))
+    assert structure_key(np.float64(2.5)) != structure_key(2.5)
     assert structure_key(Const(0.5, F16)) == structure_key(Const(0.5, F16))
     assert structure_key((1, (2.0, "a"))) != structure_key([1, (2.0, "a")])
 
@@ -283,3 +285,8 @@ def test_mapping_a_step_maps_every_tensor_it_reads_or_writes(step: Step) -> None
     back = map_step_tensors(mapped, {v: k for k, v in new.items()})
     assert back == step
     assert type(mapped) is type(step)
+
+
+def test_an_operand_of_another_tensor_keeps_every_other_field() -> None:
+    operand = Operand(**{f.name: 10 + i for i, f in enumerate(dataclasses.fields(Operand))})
+    assert operand.with_tensor(3) == dataclasses.replace(operand, tensor=3)
