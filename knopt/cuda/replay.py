@@ -250,10 +250,10 @@ class LoweringMemo:
             if tensor.buffer < 0:
                 parts.append((tensor.dtype, *_layout_key(tensor.layout)))
                 continue
+            # Lowerings read a buffer's region, never its size or (resident) offset.
             buffer = ctx.buffers[tensor.buffer]
             slot = buffers.setdefault(buffer.id, len(buffers))
-            offset = buffer.offset if buffer.region == "resident" else -1
-            parts.append((tensor.dtype, *_layout_key(tensor.layout), buffer.region, slot, offset))
+            parts.append((tensor.dtype, *_layout_key(tensor.layout), buffer.region, slot))
         return list(order), list(buffers), tuple(parts)
 
     def _record(self, kernel: Kernel, tensors: list[int], buffers: list[int]) -> _Recording | None:
