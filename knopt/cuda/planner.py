@@ -97,7 +97,9 @@ def build_plan(
         UnsupportedModelError: If a tensor has a dtype or symbolic size the GPU cannot take.
         CodegenError: If lowering produces something inconsistent (a knopt bug).
     """
-    ctx = LoweringContext(precision, constants=WatchedDict(), derived=WatchedDict())
+    ctx = LoweringContext(
+        precision, constants=WatchedDict(keys_read=False), derived=WatchedDict(keys_read=True)
+    )
     if classes is None:
         classes = kernel_classes(program)
     if len(classes) != len(program.kernels):

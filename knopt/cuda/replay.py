@@ -40,21 +40,35 @@ Lowering = Callable[[LoweringContext, Kernel], None]
 class WatchedDict(dict[Any, Any]):
     """A dict that notes whether a value was read or written since `read` was last cleared.
 
-    `in` and `get` of a missing key are not reads: whether a buffer holds a constant shows in
-    its region, which the signature of a kernel's tensors includes.
+    Args:
+        keys_read: Whether asking if a key is there (`in`, `get` of a missing key) counts as
+            a read. Not for the constants: whether a buffer holds one shows in its region,
+            which the signature of a kernel's tensors includes; only their values are read.
     """
 
     read = False
+
+    def __init__(self, *, keys_read: bool) -> None:
+        super().__init__()
+        self.keys_read = keys_read
+
+    def __contains__(self, key: object) -> bool:
+        if self.keys_read:
+            self.read = True
+        return super().__contains__(key)
 
     def __getitem__(self, key: Any) -> Any:
         self.read = True
         return super().__getitem__(key)
 
     def get(self, key: Any, default: Any = None) -> Any:
-        """The value of `key` (a read when there is one), else `default`."""
-        if key in self:
+        """The value of `key` (a read), else `default`."""
+        if super().__contains__(key):
             self.read = True
-        return super().get(key, default)
+            return super().__getitem__(key)
+        if self.keys_read:
+            self.read = True
+        return default
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self.read = True

@@ -241,18 +241,28 @@ def test_structure_keys_are_exact() -> None:
     assert structure_key((1, (2.0, "a"))) != structure_key([1, (2.0, "a")])
 
 
-def test_a_watched_dict_notes_reads_of_values_only() -> None:
-    watched = WatchedDict({1: "a"})
+def test_a_watched_dict_notes_reads_and_writes() -> None:
+    watched = WatchedDict(keys_read=False)
+    watched[1] = "a"
+    assert watched.read
+    watched.read = False
     assert 1 in watched and 2 not in watched and watched.get(2) is None
-    assert not watched.read
-    assert watched.get(1) == "a" and watched.read
-    for read in (lambda d: d[1], lambda d: list(d), lambda d: d.items(), lambda d: d.values()):
+    assert not watched.read  # asking for a key is no read here, only reading its value
+    reads = (
+        lambda d: d.get(1),
+        lambda d: d[1],
+        lambda d: list(d),
+        lambda d: d.items(),
+        lambda d: d.values(),
+    )
+    for read in reads:
         watched.read = False
         read(watched)
         assert watched.read
-    watched.read = False
-    watched[3] = "c"
-    assert watched.read
+    strict = WatchedDict(keys_read=True)
+    assert 2 not in strict and strict.read
+    strict.read = False
+    assert strict.get(2) is None and strict.read
 
 
 def _steps() -> list[Step]:
