@@ -171,7 +171,7 @@ def gpu_row(program: Any, feeds: dict[str, np.ndarray], repeat: int = 50) -> dic
         began = time.perf_counter()
         executable = prepare(program)
         compile_s = time.perf_counter() - began
-        executable.run(feeds, device_outputs=True)  # the eager run, then the graph capture
+        executable.run(feeds, device_outputs=True)  # eager; the first replay captures the graph
         gpu = executable.gpu
         times = []
         for _ in range(repeat):

@@ -329,7 +329,7 @@ class _GpuTimer:
         from knopt.cuda.planner import build_plan
 
         executable = Executable(build_plan(program_from_graph(graph)), self.gpu)
-        executable.run(feeds, device_outputs=True)  # eager run, then capture
+        executable.run(feeds, device_outputs=True)  # eager; the first replay captures
         gpu = self.gpu
 
         def replays(count: int) -> float:

@@ -5,12 +5,13 @@ The plans of one program (one per set of sizes) share a `Runtime`: its compiled 
 arguments), the weights (uploaded once: the constant region is the same in every plan),
 cuBLASLt and cuDNN plans (keyed by the call's shape, not its tensors), and memory pools for
 the arena, the outputs and the library workspace, which grow to the largest plan. Each
-`Executable` (one plan) has its input region of its own, and captures its launch list into a
-CUDA graph after one eager run.
+`Executable` (one plan) has its input region of its own. Its first run with given input
+addresses launches eagerly; the second captures the launch list into a CUDA graph and replays
+it, and every later one replays it. A first run (a size seen once) so costs no capture.
 
 Inputs come as numpy arrays (copied into the plan's input buffers) or as GPU arrays through
-DLPack or the CUDA array interface, used in place: the graph is captured again whenever their
-addresses change (a few captures are kept), or when a pool has grown. Results are numpy
+DLPack or the CUDA array interface, used in place: a graph is captured for each set of their
+addresses run twice (a few captures are kept), and again when a pool has grown. Results are numpy
 arrays, or `DeviceArray`s over the output buffers, valid until the next run.
 """
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 MODULE_KERNELS = 24  # kernels per NVRTC translation unit: headers parse once per unit
 GRAPHS_KEPT = 2  # CUDA graphs per plan (one per way the inputs were bound)
+EAGER_KEPT = 8  # bindings run once (eagerly) remembered per plan, to capture on the second
 ALIGNMENT = 16  # bytes an external input must be aligned to for vector loads
 GROWTH = 1.25  # a pool that must grow takes this much more than asked, for the next size
 POOLS = ("arena", "output", "workspace")
@@ -150,8 +152,7 @@ class Runtime:
         for step in plan.steps:
             for launch in kernel_launches(step):
                 if launch not in found:
-                    template, instance = self.library.template(launch)
-                    found[launch] = (template, template.arguments(instance))
+                    found[launch] = self.library.arguments(launch)
         return found
 
     def compile_new(self) -> None:
@@ -247,14 +248,14 @@ def _canonical(step: Gemm | Conv) -> tuple[Gemm | Conv, dict[int, int]]:
         residual = None
         if step.residual is not None:
             ids[3] = step.residual.tensor
-            residual = dataclasses.replace(step.residual, tensor=3)
+            residual = step.residual.with_tensor(3)
         if step.bias is not None:
             ids[4] = step.bias
         gemm = dataclasses.replace(
             step,
-            a=dataclasses.replace(step.a, tensor=0),
-            b=dataclasses.replace(step.b, tensor=1),
-            d=dataclasses.replace(step.d, tensor=2),
+            a=step.a.with_tensor(0),
+            b=step.b.with_tensor(1),
+            d=step.d.with_tensor(2),
             residual=residual,
             bias=4 if step.bias is not None else None,
             fallback=_FALLBACK if step.fallback is not None else None,
@@ -317,6 +318,8 @@ class Executable:
                 self.gpu.upload(self.inputs + plan.buffers[buffer_id].offset, data)
         self.input_buffers = {name: plan.tensors[tid].buffer for name, tid in plan.inputs}
         self._graphs: OrderedDict[tuple[Binding, tuple[int, ...]], Any] = OrderedDict()
+        self._eager: OrderedDict[tuple[Binding, tuple[int, ...]], None] = OrderedDict()
+        self._last: tuple[tuple[Binding, tuple[int, ...]], dict[int, int]] | None = None
 
     @property
     def kernels(self) -> dict[str, Any]:
@@ -355,16 +358,23 @@ class Executable:
             "resident": self.runtime.resident,
         }
 
-    def _buffer_address(self, buffer_id: int, bound: Mapping[int, int] | None = None) -> int:
+    def _buffer_address(
+        self,
+        buffer_id: int,
+        bound: Mapping[int, int] | None = None,
+        bases: Mapping[str, int] | None = None,
+    ) -> int:
         if bound and buffer_id in bound:
             return bound[buffer_id]
         buffer = self.plan.buffers[buffer_id]
-        return self._bases()[buffer.region] + buffer.offset
+        return (bases or self._bases())[buffer.region] + buffer.offset
 
-    def _address(self, tid: int, bound: Mapping[int, int]) -> int:
+    def _address(
+        self, tid: int, bound: Mapping[int, int], bases: Mapping[str, int] | None = None
+    ) -> int:
         tensor = self.plan.tensors[tid]
         return (
-            self._buffer_address(tensor.buffer, bound)
+            self._buffer_address(tensor.buffer, bound, bases)
             + tensor.layout.offset * tensor.dtype.itemsize
         )
 
@@ -372,12 +382,13 @@ class Executable:
         """One closure per step, with every address resolved."""
         calls: list[Callable[[], None]] = []
         workspace = self.runtime.pools["workspace"].address
+        bases = self._bases()
         for index, step in enumerate(self.plan.steps):
             if isinstance(step, Launch):
-                calls.append(self._launcher(step, bound))
+                calls.append(self._launcher(step, bound, bases))
                 continue
             library, ids = self.library[index]
-            addresses = {mine: self._address(theirs, bound) for mine, theirs in ids.items()}
+            addresses = {mine: self._address(theirs, bound, bases) for mine, theirs in ids.items()}
             after = (
                 [step.fallback]
                 if step.fallback is not None and not (library is not None and library.fused)
@@ -385,16 +396,20 @@ class Executable:
             )
             if library is None:
                 assert isinstance(step, Conv) and step.direct is not None
-                calls.append(self._launcher(step.direct, bound))
+                calls.append(self._launcher(step.direct, bound, bases))
             else:
                 calls.append(_library_call(library, addresses, workspace, self.gpu.stream_handle))
-            calls += [self._launcher(launch, bound) for launch in after]
+            calls += [self._launcher(launch, bound, bases) for launch in after]
         return calls
 
-    def _launcher(self, launch: Launch, bound: Mapping[int, int]) -> Callable[[], None]:
+    def _launcher(
+        self, launch: Launch, bound: Mapping[int, int], bases: Mapping[str, int]
+    ) -> Callable[[], None]:
         template, extra = self.launches[launch]
         kernel = self.runtime.kernels[template.name]
-        args = [self._address(a.tensor, bound) if isinstance(a, Buf) else a for a in launch.args]
+        args = [
+            self._address(a.tensor, bound, bases) if isinstance(a, Buf) else a for a in launch.args
+        ]
         args += extra
         gpu = self.gpu
 
@@ -408,25 +423,44 @@ class Executable:
     def run(self, feeds: Mapping[str, Any], *, device_outputs: bool = False) -> list[Any]:
         """Run the plan on `feeds` (by input name); returns the outputs in order.
 
+        The first run with these input addresses launches eagerly; the second captures a
+        CUDA graph (then replays it), and later ones replay it.
+
         Raises:
             InputError: If a feed is missing or of the wrong shape or dtype.
             CudaError: If a CUDA call fails.
         """
         bound = self._bind(feeds)
         key = (tuple(sorted(bound.items())), self.runtime.generations())
+        self._last = key, bound
         if key in self._graphs:
             self._graphs.move_to_end(key)
+            self.gpu.replay(self._graphs[key])
+        elif key in self._eager:
+            del self._eager[key]
+            self._capture(key, bound)
             self.gpu.replay(self._graphs[key])
         else:
             for call in self._enqueuers(bound):
                 call()
-            self.gpu.sync()
-            self._capture(key, bound)
+            self._eager[key] = None
+            while len(self._eager) > EAGER_KEPT:
+                self._eager.popitem(last=False)
         return self._results(device_outputs)
 
     def replay(self) -> None:
-        """Replay the most recently used graph (for timing; inputs stay as last bound)."""
-        self.gpu.replay(next(reversed(self._graphs.values())))
+        """Replay the graph of the last run's inputs (for timing), captured if need be.
+
+        Raises:
+            InputError: If the executable has not run yet.
+        """
+        if self._last is None:
+            raise InputError("run the executable once before replaying it")
+        key, bound = self._last
+        if key not in self._graphs:
+            self._eager.pop(key, None)
+            self._capture(key, bound)
+        self.gpu.replay(self._graphs[key])
 
     def _capture(self, key: tuple[Binding, tuple[int, ...]], bound: Mapping[int, int]) -> None:
         calls = self._enqueuers(bound)

@@ -324,6 +324,8 @@ class KernelLibrary:
         self.families: dict[str, Family] = {}
         self.made: list[Template] = []
         self._tokenized: dict[str, Tokenized] = {}
+        # By launch source: the template that runs it, its instance and its arguments.
+        self._chosen: dict[str, tuple[Template, Tokenized, tuple[np.generic, ...]]] = {}
 
     def tokenized(self, launch: Launch) -> Tokenized:
         """A launch's tokenized generic source (kept: sizes seen again cost nothing)."""
@@ -345,14 +347,37 @@ class KernelLibrary:
             family.observe(instance)
         return instance
 
+    def is_known(self, launch: Launch) -> bool:
+        """Whether a launch of this structure was observed (or run) before."""
+        return launch.source in self._chosen or self.tokenized(launch).structure in self.families
+
     def template(self, launch: Launch) -> tuple[Template, Tokenized]:
         """The template that runs `launch`, made (and listed in `made`) if none fits."""
+        template, instance, _ = self._choose(launch)
+        return template, instance
+
+    def arguments(self, launch: Launch) -> tuple[Template, tuple[np.generic, ...]]:
+        """The template that runs `launch` and the values of its parameters there."""
+        template, _, arguments = self._choose(launch)
+        return template, arguments
+
+    def _choose(self, launch: Launch) -> tuple[Template, Tokenized, tuple[np.generic, ...]]:
+        """The template of `launch`, its instance and arguments (kept by source).
+
+        The answer for a source never changes once given: observing the source again
+        changes no family, and templates are only ever added after those that matched it.
+        """
+        found = self._chosen.get(launch.source)
+        if found is not None:
+            return found
         instance = self.observe(launch)
         family = self.families[instance.structure]
-        for candidate in family.templates:
-            if candidate.matches(instance):
-                return candidate, instance
-        made = make_template(instance, sorted(family.varying) if self.lift else [])
-        family.templates.append(made)
-        self.made.append(made)
-        return made, instance
+        template = next((t for t in family.templates if t.matches(instance)), None)
+        if template is None:
+            template = make_template(instance, sorted(family.varying) if self.lift else [])
+            family.templates.append(template)
+            self.made.append(template)
+        found = self._chosen[launch.source] = (template, instance, template.arguments(instance))
+        if len(self._chosen) > 4096:  # a bound, well above a plan's launches
+            self._chosen.pop(next(iter(self._chosen)))
+        return found

@@ -25,8 +25,9 @@ from knopt.cuda.cexpr import check_dtype
 from knopt.cuda.context import REGIONS, Buffer, LoweringContext, PlanTensor
 from knopt.cuda.gen.channels_last import assign_layouts
 from knopt.cuda.gen.elementwise import copy_launch
-from knopt.cuda.layout import Layout, view_layout
+from knopt.cuda.layout import Layout
 from knopt.cuda.lower import lower_kernel
+from knopt.cuda.replay import KernelClasses, LoweringMemo, WatchedDict, kernel_classes
 from knopt.cuda.resident import ResidentPlan, cache_layout, emit_append, emit_relocation, is_append
 from knopt.cuda.steps import Step, step_tensors
 from knopt.errors import CodegenError, UnsupportedModelError
@@ -74,28 +75,47 @@ class Plan:
 
 
 def build_plan(
-    program: Program, precision: str = "f32", resident: ResidentPlan | None = None
+    program: Program,
+    precision: str = "f32",
+    resident: ResidentPlan | None = None,
+    classes: KernelClasses | None = None,
 ) -> Plan:
     """Lay out, lower and place a program whose sizes are all static.
+
+    Kernels equal but for their tensors are lowered once at each layout of their tensors and
+    replayed after that (`knopt.cuda.replay`).
 
     Args:
         program: The program, bound to its sizes.
         precision: How library calls compute ("f32", "tf32", "fp16", "bf16").
         resident: The key/value caches kept between runs, if any: their inputs and outputs
             are neither fed nor returned, but live in the resident region.
+        classes: `kernel_classes` of the program or of the symbolic program it binds (found
+            here when not given).
 
     Raises:
         UnsupportedModelError: If a tensor has a dtype or symbolic size the GPU cannot take.
         CodegenError: If lowering produces something inconsistent (a knopt bug).
     """
-    ctx = LoweringContext(precision)
+    ctx = LoweringContext(
+        precision, constants=WatchedDict(keys_read=False), derived=WatchedDict(keys_read=True)
+    )
+    if classes is None:
+        classes = kernel_classes(program)
+    if len(classes) != len(program.kernels):
+        raise CodegenError(
+            f"{len(classes)} kernel classes for a program of {len(program.kernels)} kernels"
+        )
+    memo = LoweringMemo(ctx, classes, lower_kernel)
     cached = {s.input: s for s in resident.slots} if resident is not None else {}
     _lay_out_leaves(ctx, program, cached)
     assign_layouts(ctx, program)  # channels last for regions of half-precision convolutions
-    for kernel in program.kernels:
+    for index, kernel in enumerate(program.kernels):
         ctx.where = _describe(kernel)
         if kernel.is_view:
-            _lay_out_view(ctx, kernel, program)
+            assert kernel.op is not None
+            layout = memo.view_layout(index, kernel.op, ctx.layout(kernel.inputs[0]))
+            _lay_out_view(ctx, kernel, layout)
             continue
         slot = resident.slot_of_output(kernel.output) if resident is not None else None
         out = ctx.tensors[kernel.output]
@@ -105,7 +125,7 @@ def build_plan(
             continue
         region = "output" if program.tensors[kernel.output].role == "output" else "arena"
         out.buffer = ctx.new_buffer(_nbytes(out), region)
-        lower_kernel(ctx, kernel)
+        memo.lower(kernel, index)
     kept = {s.output for s in resident.slots} if resident is not None else set()
     outputs = []
     for name, tid in zip(program.output_names, program.outputs, strict=True):
@@ -121,7 +141,7 @@ def build_plan(
         for name, tid in zip(program.input_names, program.inputs, strict=True)
         if tid not in cached
     ]
-    plan = Plan(ctx.tensors, ctx.buffers, ctx.steps, ctx.constants, inputs, outputs)
+    plan = Plan(ctx.tensors, ctx.buffers, ctx.steps, dict(ctx.constants), inputs, outputs)
     place_buffers(plan)
     if resident is not None:
         plan.region_bytes["resident"] = resident.region_bytes
@@ -131,14 +151,21 @@ def build_plan(
 def _lay_out_leaves(ctx: LoweringContext, program: Program, cached: dict[int, Any]) -> None:
     """A plan tensor per program tensor; buffers for the inputs and constants."""
     inputs = set(program.inputs)
+    checked: set[DType] = set()
+    layouts: dict[tuple[object, ...], Layout] = {}  # tensors of one shape share a layout
     for tensor in program.tensors:
-        where = f"tensor %{tensor.id}"
-        check_dtype(tensor.type.dtype, where)
-        shape = _static_shape(tensor.type.shape, where)
-        ctx.tensors.append(PlanTensor(tensor.id, tensor.type.dtype, Layout.contiguous(shape), -1))
+        dtype = tensor.type.dtype
+        if dtype not in checked:
+            check_dtype(dtype, f"tensor %{tensor.id}")
+            checked.add(dtype)
+        layout = layouts.get(tensor.type.shape)
+        if layout is None:
+            shape = _static_shape(tensor.type.shape, f"tensor %{tensor.id}")
+            layout = layouts[tensor.type.shape] = Layout.contiguous(shape)
+        ctx.tensors.append(PlanTensor(tensor.id, dtype, layout, -1))
         if tensor.id in cached:
             slot = cached[tensor.id]
-            placed = cache_layout(ctx, slot, shape[slot.axis], tensor.type.dtype)
+            placed = cache_layout(ctx, slot, layout.shape[slot.axis], dtype)
             ctx.tensors[-1].layout, ctx.tensors[-1].buffer = placed
             continue
         # By membership, not role: a role says "output" when an input is an output too.
@@ -183,11 +210,10 @@ def _describe(kernel: Kernel) -> str:
     return f"kernel %{kernel.output} = {what}{names}"
 
 
-def _lay_out_view(ctx: LoweringContext, kernel: Kernel, program: Program) -> None:
-    assert kernel.op is not None
+def _lay_out_view(ctx: LoweringContext, kernel: Kernel, layout: Layout | None) -> None:
+    """The view's layout over its source's buffer (`layout`), or a dense copy when None."""
     (source,) = kernel.inputs
     target = ctx.tensors[kernel.output]
-    layout = view_layout(kernel.op, ctx.layout(source))
     if layout is not None:
         target.layout = layout
         target.buffer = ctx.tensors[source].buffer
@@ -253,21 +279,20 @@ def assign_offsets(buffers: list[Buffer]) -> int:
     Returns:
         The bytes the placement needs.
     """
-    placed: list[Buffer] = []
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
     size = 0
     for buffer in sorted(buffers, key=lambda b: (-align(b.nbytes), b.first, b.id)):
         need = align(buffer.nbytes)
-        clashes = sorted(
-            (b for b in placed if b.first <= buffer.last and buffer.first <= b.last),
-            key=lambda b: b.offset,
-        )
+        first, last = buffer.first, buffer.last
+        # Clashes in order of offset (among equal offsets the order cannot change the result).
+        clashes = sorted([(o, end) for o, end, f, la in placed if f <= last and first <= la])
         offset = 0
-        for other in clashes:
-            if offset + need <= other.offset:
+        for other, end in clashes:
+            if offset + need <= other:
                 break
-            offset = max(offset, other.offset + align(other.nbytes))
+            offset = max(offset, end)
         buffer.offset = offset
-        placed.append(buffer)
+        placed.append((offset, offset + need, first, last))
         size = max(size, offset + need)
     return size
 

@@ -23,10 +23,11 @@ from knopt.cuda.driver import Gpu
 from knopt.cuda.executor import Executable, Runtime
 from knopt.cuda.planner import Plan, align, build_plan
 from knopt.cuda.precision import effective_precision, narrow_dtype, narrow_program
+from knopt.cuda.replay import kernel_classes
 from knopt.cuda.resident import ResidentPlan, ResidentSlot
 from knopt.cuda.steps import kernel_launches
 from knopt.errors import InputError, KnoptError
-from knopt.ir.bind import bind_program
+from knopt.ir.bind import ProgramBinder
 from knopt.ir.dims import SizeProfile
 from knopt.ir.graph import Graph
 from knopt.ir.kvcache import CacheLayout, CacheStep, cache_shape
@@ -49,6 +50,8 @@ class ProgramState:
         target = narrow_dtype(precision)
         self.stats = stats
         self.program = narrow_program(program, target) if target is not None else program
+        self.binder = ProgramBinder(self.program)
+        self.classes = kernel_classes(self.program)  # the same for every binding
         self.precision = precision
         self.runtime = Runtime(gpu, lift)
         self.executables: OrderedDict[Any, Executable] = OrderedDict()
@@ -60,8 +63,8 @@ class ProgramState:
     def plan(self, sizes: Mapping[str, int], resident: ResidentPlan | None) -> Plan:
         """The program planned at `sizes`."""
         self.plans += 1
-        bound = bind_program(self.program, sizes) if sizes else self.program
-        return build_plan(bound, self.precision, resident)
+        bound = self.binder.bind(sizes) if sizes else self.program
+        return build_plan(bound, self.precision, resident, self.classes)
 
     def executable(
         self,
@@ -79,7 +82,7 @@ class ProgramState:
         plan = self.plan(sizes, resident)
         library = self.runtime.library
         launches = [x for s in plan.steps for x in kernel_launches(s)]
-        if any(library.tokenized(x).structure not in library.families for x in launches):
+        if not all(library.is_known(x) for x in launches):
             self._probe(plan, sizes, resident, dims, layout)
         found = self.executables[key] = Executable(plan, runtime=self.runtime)
         self.stats.bindings += 1
@@ -116,7 +119,7 @@ class ProgramState:
             except KnoptError:
                 continue
             launches = [x for s in plan.steps for x in kernel_launches(s)]
-            if any(library.tokenized(x).structure not in library.families for x in launches):
+            if not all(library.is_known(x) for x in launches):
                 self._probe(plan, each, each_resident, dims, layout)
             for launch in launches:
                 library.observe(launch)

@@ -6,6 +6,8 @@ without a GPU. Tensor arguments are plan tensor ids; the executor turns them int
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,6 +54,12 @@ class Operand:
     row_stride: int
     col_stride: int
     batch_stride: int
+
+    def with_tensor(self, tensor: int) -> Operand:
+        """The same operand of another plan tensor (cheaper than `dataclasses.replace`)."""
+        return Operand(
+            tensor, self.rows, self.cols, self.row_stride, self.col_stride, self.batch_stride
+        )
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,50 @@ def step_tensors(step: Step) -> list[int]:
     if isinstance(step, Conv) and step.direct is not None:
         found += step_tensors(step.direct)
     return found
+
+
+def map_step_tensors(step: Step, new: Mapping[int, int]) -> Step:
+    """`step` with every plan tensor `t` it reads or writes replaced by `new[t]`.
+
+    The same tensors as `step_tensors` lists, in every field that holds one.
+
+    Raises:
+        KeyError: If `new` lacks a tensor of the step.
+    """
+    if isinstance(step, Launch):
+        return _map_launch(step, new)
+    fallback = _map_launch(step.fallback, new) if step.fallback is not None else None
+    bias = new[step.bias] if step.bias is not None else None
+    if isinstance(step, Gemm):
+        return dataclasses.replace(
+            step,
+            a=step.a.with_tensor(new[step.a.tensor]),
+            b=step.b.with_tensor(new[step.b.tensor]),
+            d=step.d.with_tensor(new[step.d.tensor]),
+            bias=bias,
+            residual=(
+                step.residual.with_tensor(new[step.residual.tensor])
+                if step.residual is not None
+                else None
+            ),
+            fallback=fallback,
+        )
+    direct = _map_launch(step.direct, new) if step.direct is not None else None
+    return dataclasses.replace(
+        step,
+        x=new[step.x],
+        w=new[step.w],
+        y=new[step.y],
+        bias=bias,
+        residual=new[step.residual] if step.residual is not None else None,
+        fallback=fallback,
+        direct=direct,
+    )
+
+
+def _map_launch(launch: Launch, new: Mapping[int, int]) -> Launch:
+    args = tuple(Buf(new[arg.tensor]) if isinstance(arg, Buf) else arg for arg in launch.args)
+    return Launch(launch.name, launch.source, launch.grid, launch.block, args, launch.shared)
 
 
 def kernel_launches(step: Step) -> list[Launch]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -75,29 +76,84 @@ def bind_program(program: Program, sizes: Mapping[str, int]) -> Program:
     """A copy of a symbolic program with its sizes replaced by integers (constants shared).
 
     Binding is cheap (no optimizer): a program optimized once on symbolic sizes is bound
-    to each set of actual sizes and planned for it.
+    to each set of actual sizes and planned for it. To bind one program to many sizes, keep
+    a `ProgramBinder`, which finds where the sizes are once.
 
     Raises:
         InvalidGraphError: If a size is missing.
     """
-    tensors = [
-        Tensor(t.id, TensorType(bind(t.type.shape, sizes), t.type.dtype), t.role)
-        for t in program.tensors
-    ]
-    kernels = [
-        dataclasses.replace(k, op=bind_attributes(k.op, sizes)) if k.op is not None else k
-        for k in program.kernels
-    ]
-    return Program(
-        tensors,
-        kernels,
-        list(program.inputs),
-        list(program.input_names),
-        list(program.outputs),
-        list(program.output_names),
-        program.constants,
-        program.name,
-    )
+    return ProgramBinder(program).bind(sizes)
+
+
+class ProgramBinder:
+    """Binds one symbolic program to sizes, again and again.
+
+    It finds once which tensors have symbolic shapes and which kernels hold sizes in their
+    ops' fields; a binding rebuilds only those, and shares every other tensor and kernel (all
+    frozen) with the symbolic program. Bound programs equal `bind_program`'s.
+
+    Args:
+        program: The symbolic program (not changed afterwards).
+    """
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        shapes: dict[tuple[Any, ...], int] = {}
+        self._tensors: list[tuple[int, int]] = []  # (tensor index, index in `_shapes`)
+        for index, tensor in enumerate(program.tensors):
+            if _holds_size(tensor.type.shape):
+                slot = shapes.setdefault((tensor.type.shape, tensor.type.dtype), len(shapes))
+                self._tensors.append((index, slot))
+        self._shapes = list(shapes)
+        self._kernels = [
+            i for i, k in enumerate(program.kernels) if k.op is not None and _holds_size(k.op)
+        ]
+
+    def bind(self, sizes: Mapping[str, int]) -> Program:
+        """The program with `sizes` bound.
+
+        Raises:
+            InvalidGraphError: If a size is missing.
+        """
+        program = self.program
+        types = [TensorType(bind(shape, sizes), dtype) for shape, dtype in self._shapes]
+        tensors = list(program.tensors)
+        for index, slot in self._tensors:
+            old = tensors[index]
+            tensors[index] = Tensor(old.id, types[slot], old.role)
+        kernels = list(program.kernels)
+        for index in self._kernels:
+            kernels[index] = dataclasses.replace(
+                kernels[index], op=bind_attributes(kernels[index].op, sizes)
+            )
+        return Program(
+            tensors,
+            kernels,
+            list(program.inputs),
+            list(program.input_names),
+            list(program.outputs),
+            list(program.output_names),
+            program.constants,
+            program.name,
+        )
+
+
+def _holds_size(value: object) -> bool:
+    """Whether `bind_attributes` would find a symbolic size in `value` (an op or a field)."""
+    if isinstance(value, Sym):
+        return True
+    if isinstance(value, TensorType):
+        return _holds_size(value.shape)
+    if isinstance(value, tuple):
+        return any(_holds_size(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(_holds_size(getattr(value, name)) for name in _field_names(type(value)))
+    return False
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def bind_attributes(op: Any, sizes: Mapping[str, int]) -> Any:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from knopt.cpu.executor import run_graph
-from knopt.errors import InputError
+from knopt.errors import InputError, InvalidGraphError
 from knopt.ir import DType, Graph, GraphBuilder, Unary, bind_symbols, infer_sizes, sym, validate
-from knopt.ir.op import Iota, Sizes
-from knopt.ir.shape import is_static
+from knopt.ir.bind import ProgramBinder, bind_attributes
+from knopt.ir.op import Iota, Sizes, TensorType
+from knopt.ir.program import Tensor, program_from_graph
+from knopt.ir.shape import bind, is_static
 
 F32 = DType.F32
 BATCH, SEQ = sym("batch"), sym("seq")
@@ -85,3 +89,29 @@ def test_bound_graph_keeps_names() -> None:
     assert bound.input_names == ["x", "mask"]
     assert bound.output_names == ["flat", "masked", "sizes", "positions"]
     assert {n.name for n in bound.nodes} >= {"x", "mask"}
+
+
+def test_a_program_binder_binds_every_size_and_shares_what_holds_none() -> None:
+    program = program_from_graph(_graph())
+    binder = ProgramBinder(program)
+    for sizes in ({"batch": 2, "seq": 5}, {"batch": 1, "seq": 1}, {"batch": 7, "seq": 3}):
+        bound = binder.bind(sizes)
+        for old, new in zip(program.tensors, bound.tensors, strict=True):
+            assert new == Tensor(
+                old.id, TensorType(bind(old.type.shape, sizes), old.type.dtype), old.role
+            )
+            if is_static(old.type.shape):
+                assert new is old
+        for kernel, bound_kernel in zip(program.kernels, bound.kernels, strict=True):
+            op = bind_attributes(kernel.op, sizes)
+            assert bound_kernel == dataclasses.replace(kernel, op=op)
+            assert repr(bound_kernel.op) == repr(op)  # alike too (1 and 1.0 would compare equal)
+            if op == kernel.op:
+                assert bound_kernel is kernel
+        assert (bound.inputs, bound.outputs) == (program.inputs, program.outputs)
+        assert bound.constants is program.constants
+
+
+def test_a_program_binder_names_a_missing_size() -> None:
+    with pytest.raises(InvalidGraphError, match="symbolic size 'seq' has no value"):
+        ProgramBinder(program_from_graph(_graph())).bind({"batch": 2})
