@@ -12,12 +12,13 @@ import pytest
 from knopt.cuda.generic import KernelLibrary, generic_source
 from knopt.cuda.planner import build_plan
 from knopt.cuda.precision import narrow_dtype, narrow_program
-from knopt.cuda.steps import Launch, kernel_launches
+from knopt.cuda.resident import ResidentPlan, ResidentSlot
+from knopt.cuda.steps import Buf, Launch, kernel_launches
 from knopt.errors import CudaError
 from knopt.ir import op as ops
 from knopt.ir.bind import bind_program
 from knopt.ir.dtype import DType
-from knopt.ir.program import Program
+from knopt.ir.program import Load, Program
 from knopt.ir.shape import Sym, sym
 from tests.cuda.programs import ProgramBuilder, compare, random_feeds
 
@@ -94,3 +95,46 @@ def test_rope_kernel_on_half_tensors_matches_the_cpu(rng: np.random.Generator) -
     # Half tensors: the kernel computes in float and rounds once, the oracle rounds each op.
     program = _rope_program(2, 9, DType.F16)
     compare(program, random_feeds(program, rng), rtol=2e-3, atol=1e-2)
+
+
+# ---- the rope as the cache append (knopt.cuda.resident) -----------------------------------------
+
+_PAST, _ROWS = 5, 16  # cached positions planned, and the cache's capacity
+
+
+def _append_program(rope_read_elsewhere: bool) -> Program:
+    """present = Concat(past, Rope(k)) on [1, 2, positions, 8], and a kernel reading present."""
+    p = ProgramBuilder()
+    past = p.input("past", (1, 2, _PAST, HEAD))
+    k = p.input("k", (1, 2, 1, HEAD))
+    cos, sin = p.input("cos", (1, 2, 1, HEAD)), p.input("sin", (1, 2, 1, HEAD))
+    rope = p.op(ops.Rope(), (k, cos, sin))
+    present = p.op(ops.Concat(2), (past, rope))
+    total = p.kernel(
+        "elementwise", None, (present,), (1, 2, _PAST + 1, HEAD), DType.F32, body=Load(0)
+    )
+    return p.build([present, total, rope] if rope_read_elsewhere else [present, total])
+
+
+def _resident_plan(program: Program) -> ResidentPlan:
+    slot = ResidentSlot(program.inputs[0], program.outputs[0], 2, 0, (1, 2, _ROWS, HEAD))
+    return ResidentPlan((slot,), _PAST, 1, False, _ROWS * 2 * HEAD * 4, _ROWS * 2 * HEAD * 4 + 256)
+
+
+@pytest.mark.parametrize("read_elsewhere", [False, True])
+def test_the_keys_rope_writes_the_new_cache_rows_itself(read_elsewhere: bool) -> None:
+    program = _append_program(read_elsewhere)
+    plan = build_plan(program, "f32", _resident_plan(program))
+    launches = [x for step in plan.steps for x in kernel_launches(step)]
+    kinds = [x.name.split("_")[1] for x in launches]
+    rope = next(x for x in launches if x.name.startswith("kn_rope"))
+    (written,) = [a.tensor for a in rope.args[:1] if isinstance(a, Buf)]
+    out = plan.tensors[written]
+    if read_elsewhere:  # the rope's result is needed as it is: the append copies it
+        assert kinds.count("copy") == 1
+        assert plan.buffers[out.buffer].region != "resident"
+    else:  # written at rows _PAST... of the cache's buffer; no copy
+        assert "copy" not in kinds
+        assert plan.buffers[out.buffer].region == "resident"
+        assert out.layout.offset == _PAST * HEAD
+        assert out.layout.strides == (0, _ROWS * HEAD, 0, 1)

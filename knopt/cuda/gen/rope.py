@@ -15,6 +15,7 @@ from knopt.cuda.gen.indexing import (
     named,
     offset,
 )
+from knopt.cuda.layout import Layout
 from knopt.cuda.steps import Launch
 from knopt.cuda.templates import render
 from knopt.ir import op as ops
@@ -54,7 +55,9 @@ def emit_rope(ctx: LoweringContext, kernel: Kernel) -> None:
         index = f"o_{name} + {step}" if upper and step else f"o_{name}"
         return load_value(f"{pointer}[{index}]", dtype)
 
-    extent = max(ctx.layout(t).numel + abs(ctx.layout(t).offset) for t in kernel.inputs)
+    # Offsets reach a layout's span, which for the cache rows the output may be (a slice of the
+    # cache's buffer, knopt.cuda.resident) is the cache's size, not the rows'.
+    extent = max(_span(layout) for layout in [out.layout, *map(ctx.layout, kernel.inputs)])
     itype = index_type(out.layout.numel * 2, 2 * extent)
     source = render(
         "rope.cu",
@@ -78,3 +81,9 @@ def emit_rope(ctx: LoweringContext, kernel: Kernel) -> None:
             name, source, (blocks(pairs, THREADS), 1, 1), (THREADS, 1, 1), reads.args(kernel.output)
         )
     )
+
+
+def _span(layout: Layout) -> int:
+    """Elements from a layout's first to its last, counting its offset."""
+    reach = sum((n - 1) * abs(s) for n, s in zip(layout.shape, layout.strides, strict=True))
+    return abs(layout.offset) + reach + 1
