@@ -75,7 +75,7 @@ def _rope_template(
     return g.add(turned, kept) if spelling.rotated_first else g.add(kept, turned)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     lead=st.lists(st.integers(1, 3), min_size=0, max_size=2),
     seq=st.integers(1, 3),
@@ -96,6 +96,25 @@ def test_rope_template_becomes_one_op_and_agrees(
         assert result.fired(rule) > 0, f"{rule} did not fire"
     assert result.count("Rope") == 1, result.after.op_histogram()
     assert result.count("NEG") == result.count("Concat") == 0
+
+
+@pytest.mark.parametrize("rotated_first", [False, True])
+@pytest.mark.parametrize("cos_first", [False, True])
+def test_each_operand_order_has_its_rule(
+    cos_first: bool, rotated_first: bool, rng: np.random.Generator
+) -> None:
+    spelling = Spelling(cos_first, rotated_first)
+    result = optimize_and_compare(
+        lambda g: _rope_template(g, (2, 4, 3, 8), F32, spelling), rng, rtol=0.0, atol=0.0
+    )
+    expected = (
+        "cos-times-rotating" if cos_first else "rotating-times-cos",
+        "sin-times-rotated" if cos_first else "rotated-times-sin",
+        "rope-rotated-first" if rotated_first else "rope",
+    )
+    for rule in expected:
+        assert result.fired(rule) > 0, f"{rule} did not fire"
+    assert result.count("Rope") == 1
 
 
 def _not_a_rope(g: GraphBuilder, what: str) -> Value:
