@@ -18,6 +18,7 @@ from knopt.cpu.elementwise import NUMPY_BINARY, NUMPY_UNARY
 from knopt.cpu.opaque import run_opaque
 from knopt.errors import RunError
 from knopt.ir import op as ops
+from knopt.ir.dtype import COMPUTE_TYPE, DType
 from knopt.ir.op import PadMode, Reduction, ScatterReduction
 
 Array = np.ndarray
@@ -231,6 +232,25 @@ def _attention(op: ops.Attention, q: Array, k: Array, v: Array, bias: Array) -> 
     return np.matmul(probabilities, v)
 
 
+def rotate_half(x: Array) -> Array:
+    """`concat(-x[..., h:], x[..., :h])` along the last axis, `h` half its size."""
+    h = x.shape[-1] // 2
+    return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+
+
+def _rope(op: ops.Rope, x: Array, cos: Array, sin: Array) -> Array:
+    # Op by op, as the template it replaces: each product rounds to x's type, then the sum
+    # (narrow types computed wider, as the executor computes their binary ops).
+    narrow = x.dtype
+    wide = COMPUTE_TYPE.get(DType.from_numpy(narrow), narrow)
+
+    def product(a: Array, b: Array) -> Array:
+        return (a.astype(wide) * b.astype(wide)).astype(narrow)
+
+    total = product(x, cos).astype(wide) + product(rotate_half(x), sin).astype(wide)
+    return total.astype(narrow)
+
+
 def _centered(x: Array, zero: Array) -> Array:
     # float64 holds every sum of products of 9-bit integers below 2^53 exactly, and BLAS
     # multiplies it far faster than numpy multiplies integers.
@@ -311,6 +331,7 @@ KERNELS: dict[type[ops.Op], Kernel] = {
     ops.LayerNorm: _layer_norm,
     ops.RmsNorm: _rms_norm,
     ops.Attention: _attention,
+    ops.Rope: _rope,
     ops.IntMatMul: _int_matmul,
     ops.IntConv: _int_conv,
     ops.Int4MatMul: _int4_matmul,

@@ -15,7 +15,7 @@ import numpy as np
 
 from knopt.cuda.cexpr import expr_dtype, used_loads
 from knopt.cuda.context import LoweringContext
-from knopt.cuda.gen import attention, data, library, quantized, reduce, rowwise, window
+from knopt.cuda.gen import attention, data, library, quantized, reduce, rope, rowwise, window
 from knopt.cuda.gen.elementwise import copy_launch, emit_elementwise, replace_acc
 from knopt.cuda.layout import Layout, view_layout
 from knopt.errors import CodegenError, UnsupportedOpError
@@ -94,6 +94,7 @@ OP_LOWERINGS: dict[type[ops.Op], Lowering] = {
     ops.LayerNorm: rowwise.emit_norm,
     ops.RmsNorm: rowwise.emit_norm,
     ops.Attention: attention.emit_attention,
+    ops.Rope: rope.emit_rope,
     ops.IntMatMul: quantized.emit_int_matmul,
     ops.IntConv: quantized.emit_int_conv,
     ops.Int4MatMul: quantized.emit_int4_matmul,

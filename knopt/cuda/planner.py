@@ -28,7 +28,15 @@ from knopt.cuda.gen.elementwise import copy_launch
 from knopt.cuda.layout import Layout
 from knopt.cuda.lower import lower_kernel
 from knopt.cuda.replay import KernelClasses, LoweringMemo, WatchedDict, kernel_classes
-from knopt.cuda.resident import ResidentPlan, cache_layout, emit_append, emit_relocation, is_append
+from knopt.cuda.resident import (
+    ResidentPlan,
+    cache_layout,
+    direct_appends,
+    emit_append,
+    emit_relocation,
+    is_append,
+    new_rows,
+)
 from knopt.cuda.steps import Step, step_tensors
 from knopt.errors import CodegenError, UnsupportedModelError
 from knopt.ir.dtype import DType
@@ -110,6 +118,7 @@ def build_plan(
     cached = {s.input: s for s in resident.slots} if resident is not None else {}
     _lay_out_leaves(ctx, program, cached)
     assign_layouts(ctx, program)  # channels last for regions of half-precision convolutions
+    direct = direct_appends(program, resident) if resident is not None else {}
     for index, kernel in enumerate(program.kernels):
         ctx.where = _describe(kernel)
         if kernel.is_view:
@@ -123,8 +132,12 @@ def build_plan(
             out.layout, out.buffer = cache_layout(ctx, slot, out.shape[slot.axis], out.dtype)
             emit_append(ctx, resident, slot, kernel.inputs[1])  # type: ignore[arg-type]
             continue
-        region = "output" if program.tensors[kernel.output].role == "output" else "arena"
-        out.buffer = ctx.new_buffer(_nbytes(out), region)
+        if kernel.output in direct:  # new rows of a cache, written where the cache keeps them
+            assert resident is not None
+            out.layout, out.buffer = new_rows(ctx, resident, direct[kernel.output], out.dtype)
+        else:
+            region = "output" if program.tensors[kernel.output].role == "output" else "arena"
+            out.buffer = ctx.new_buffer(_nbytes(out), region)
         memo.lower(kernel, index)
     kept = {s.output for s in resident.slots} if resident is not None else set()
     outputs = []

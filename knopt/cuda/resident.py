@@ -8,6 +8,8 @@ only the new rows (`copy_rows`), and attention reads the cache where it lies. Af
 new rows move to the rows after the real ones (`relocate`), at a row read from device memory
 (`pos`), so a static cache's plan and CUDA graph serve every step of a bucket. A present that
 is computed otherwise stays a plan output, and its new rows are copied into the buffer.
+When the new rows are a rotary embedding's result (the keys) that only the append reads, the
+Rope kernel writes them into the buffer itself (`direct_appends`), and the copy goes away.
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ from knopt.cuda.templates import render
 from knopt.errors import UnsupportedModelError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
-from knopt.ir.program import Kernel
+from knopt.ir.program import Kernel, Program
 
 RANK = 4  # copy_rows.cu indexes four axes; caches are [batch, heads, positions, head size]
 THREADS = 256
 MAX_BLOCKS = 4096  # copy_rows loops over the rest: enough blocks to fill an H200 many times
+# Ops whose GPU kernels write their result through any strided layout (knopt/cuda/gen/rope.py),
+# so they can write a cache's new rows where the cache keeps them.
+STRIDED_WRITERS: frozenset[type[ops.Op]] = frozenset({ops.Rope})
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,45 @@ def is_append(kernel: Kernel, slot: ResidentSlot) -> bool:
     )
 
 
+def direct_appends(program: Program, plan: ResidentPlan) -> dict[int, ResidentSlot]:
+    """The new rows that their own kernel can write into the cache: program tensor -> slot.
+
+    Such rows are computed by one of `STRIDED_WRITERS` alone (no fused prologue or epilogue),
+    and read by the append and nothing else (no view, kernel or program output), so nothing
+    needs them anywhere but in the cache.
+    """
+    readers: dict[int, int] = {}
+    for kernel in program.kernels:
+        for tid in kernel.inputs:
+            readers[tid] = readers.get(tid, 0) + 1
+    producers = {kernel.output: kernel for kernel in program.kernels}
+    found = {}
+    for kernel in program.kernels:
+        slot = plan.slot_of_output(kernel.output)
+        if slot is None or not is_append(kernel, slot):
+            continue
+        new = kernel.inputs[1]
+        producer = producers.get(new)
+        if (
+            producer is not None
+            and type(producer.op) in STRIDED_WRITERS
+            and producer.prologue is None
+            and producer.epilogue is None
+            and readers[new] == 1
+            and new not in program.outputs
+        ):
+            found[new] = slot
+    return found
+
+
+def new_rows(
+    ctx: LoweringContext, plan: ResidentPlan, slot: ResidentSlot, dtype: DType
+) -> tuple[Layout, int]:
+    """Where a run's new rows of a cache go: rows `planned ...` of its buffer, and the buffer."""
+    layout, buffer = cache_layout(ctx, slot, plan.planned + plan.added, dtype)
+    return layout.slice(slot.axis, plan.planned, plan.planned + plan.added, 1), buffer
+
+
 def rows_view(ctx: LoweringContext, tid: int, axis: int, start: int, count: int) -> int:
     """A plan tensor viewing rows `start ... start + count - 1` of `tid` along `axis`."""
     tensor = ctx.tensor(tid)
@@ -117,8 +161,14 @@ def rows_view(ctx: LoweringContext, tid: int, axis: int, start: int, count: int)
 
 
 def emit_append(ctx: LoweringContext, plan: ResidentPlan, slot: ResidentSlot, new: int) -> None:
-    """Write the new positions into the cache's buffer, after its first `planned` rows."""
+    """Write the new positions into the cache's buffer, after its first `planned` rows.
+
+    Nothing to do when their kernel wrote them there (`direct_appends`).
+    """
     target = rows_view(ctx, slot.output, slot.axis, plan.planned, plan.added)
+    written, source = ctx.tensor(target), ctx.tensor(new)
+    if (written.buffer, written.layout) == (source.buffer, source.layout):
+        return
     ctx.emit(copy_launch(ctx, [target], [new]))
 
 

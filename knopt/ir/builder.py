@@ -258,6 +258,12 @@ class GraphBuilder:
         """RMSNorm without scale over the axes from `axis` on."""
         return self.apply(ops.RmsNorm(axis, float(eps)), [x])
 
+    def rope(self, x: Value, cos: Value, sin: Value) -> Value:
+        """`x * cos + rotate_half(x) * sin` over the last axis (cos and sin broadcast to x)."""
+        return self.apply(
+            ops.Rope(), [x, self.broadcast(cos, x.shape), self.broadcast(sin, x.shape)]
+        )
+
     # ---- contractions ----------------------------------------------------------------
 
     def matmul(self, a: Value, b: Value) -> Value:

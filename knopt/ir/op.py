@@ -884,6 +884,30 @@ class Attention(Op):
         return TensorType((*lead, s, v.shape[-1]), dtype)
 
 
+@dataclass(frozen=True)
+class Rope(Op):
+    """Rotary position embedding: `x * cos + rotate_half(x) * sin` over the last axis.
+
+    `rotate_half(x)` is `concat(-x[..., h:], x[..., :h])` along the last axis, `h` half its
+    (static, even) size, as LLaMA-class decoders write it. `cos` and `sin` have x's shape (a
+    broadcast of a per-position table costs nothing). The arithmetic is the template's, op by
+    op: each product rounded to x's type, then their sum.
+    """
+
+    arity: ClassVar[int | None] = 3
+
+    def infer(self, inputs: Sequence[TensorType], where: str) -> TensorType:
+        x = inputs[0]
+        shape = _same_shape(inputs, where)
+        dtype = _same_dtype(inputs, where)
+        if not dtype.is_float:
+            raise _fail(where, f"rope needs float operands, got {dtype.short}")
+        size = shape[-1] if shape else None
+        if not isinstance(size, int) or size % 2:
+            raise _fail(where, f"rope rotates a last axis of static even size, got {x}")
+        return x
+
+
 # ---- quantized arithmetic ----------------------------------------------------------------
 # Integer products of 8-bit operands, exact in int32, and float products with 4-bit weights.
 # The float scales of a quantized model stay outside these ops, as elementwise ops that
@@ -1071,6 +1095,7 @@ OP_CLASSES: tuple[type[Op], ...] = (
     LayerNorm,
     RmsNorm,
     Attention,
+    Rope,
     IntMatMul,
     IntConv,
     Int4MatMul,

@@ -221,6 +221,13 @@ def _matmul(w: Writer, node: Node) -> Rep:
     return _exact_inputs(w, node)
 
 
+def _rope(w: Writer, node: Node) -> Rep:
+    """Rope on x as it is (its last axis rotates) and small cos and sin (the products broadcast)."""
+    x, cos, sin = node.inputs
+    args = [w.exact(x), w.name(cos), w.name(sin)]
+    return w.output(node, EXPORTERS[ops.Rope](w.em, node.op, node, args))
+
+
 def _exact_inputs(w: Writer, node: Node) -> Rep:
     """The op's standard spelling on inputs of their exact shapes."""
     args = [w.exact(v) for v in node.inputs]
@@ -257,6 +264,7 @@ HANDLERS: dict[type[ops.Op], Handler] = {
     ops.LayerNorm: _exact_inputs,
     ops.RmsNorm: _exact_inputs,
     ops.Attention: _exact_inputs,
+    ops.Rope: _rope,
     ops.IntMatMul: _exact_inputs,
     ops.IntConv: _exact_inputs,
     ops.Int4MatMul: _exact_inputs,

@@ -351,6 +351,18 @@ def _attention(em: Emitter, op: ops.Attention, node: Node, args: list[str]) -> s
     return em.op("MatMul", [weights, v])
 
 
+def _rope(em: Emitter, op: ops.Rope, node: Node, args: list[str]) -> str:
+    # Written out as the exporters write it (ONNX's RotaryEmbedding takes half-width tables).
+    x, cos, sin = args
+    size = node.output.shape[-1]
+    assert isinstance(size, int)
+    last, half = em.ints([-1]), size // 2
+    upper = em.op("Slice", [x, em.ints([half]), em.ints([size]), last])
+    lower = em.op("Slice", [x, em.ints([0]), em.ints([half]), last])
+    rotated = em.op("Concat", [em.op("Neg", [upper]), lower], axis=-1)
+    return em.op("Add", [em.op("Mul", [x, cos]), em.op("Mul", [rotated, sin])])
+
+
 def _centered(em: Emitter, value: str, zero: str) -> str:
     """`value - zero` of 8-bit tensors, in int32."""
     int32 = int(DType.I32)
@@ -438,6 +450,7 @@ EXPORTERS: dict[type[ops.Op], OpExporter] = {
     ops.LayerNorm: _layer_norm,
     ops.RmsNorm: _rms_norm,
     ops.Attention: _attention,
+    ops.Rope: _rope,
     ops.IntMatMul: _int_matmul,
     ops.IntConv: _int_conv,
     ops.Int4MatMul: _int4_matmul,

@@ -366,6 +366,10 @@ def _attention(model: CostModel, node: ENode, out: int) -> float:
     return 2.0 * rows * keys * (q[-1] + v[-1]) + 8.0 * rows * keys
 
 
+def _rope(model: CostModel, node: ENode, out: int) -> float:
+    return 3.0 * out  # two products and their sum; the negation is a sign
+
+
 def _int4_matmul(model: CostModel, node: ENode, out: int) -> float:
     # The product, and the dequantization of every weight element (subtract, multiply).
     k = model.shape(node.args[0].id)[-1]
@@ -403,6 +407,7 @@ _OP_FLOPS: dict[type[ops.Op], FlopCount] = {
     ops.LayerNorm: _rowwise,
     ops.RmsNorm: _rowwise,
     ops.Attention: _attention,
+    ops.Rope: _rope,
     ops.IntMatMul: _matmul,
     ops.IntConv: _conv,
     ops.Int4MatMul: _int4_matmul,

@@ -57,6 +57,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "MatMul": ("left", "right"),
     "Conv": ("input", "weight"),
     "Attention": ("q", "k", "v", "bias"),
+    "Rope": ("x", "cos", "sin"),
     "IntMatMul": ("left", "right", "left-zero", "right-zero"),
     "IntConv": ("input", "weight", "input-zero", "weight-zero"),
     "Int4MatMul": ("a", "packed", "scales", "zeros"),

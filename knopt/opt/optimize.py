@@ -292,6 +292,7 @@ RECOGNISED = frozenset(
         "RmsNorm",
         "Softmax",
         "Attention",
+        "Rope",
         "GELU",
         "GELU_TANH",
         "SILU",

@@ -32,6 +32,7 @@ RULE_FILES = (
     "layernorm.egg",
     "activations.egg",
     "attention.egg",
+    "rope.egg",
     "merge.egg",
     "fusion.egg",
     "quantize.egg",

@@ -410,6 +410,11 @@ def _attention(e: _Encoder, op: ops.Attention, node: Node, args: list[Any]) -> A
     return call("Attention", *args, _float(op.scale))
 
 
+@_encodes(ops.Rope)
+def _rope(e: _Encoder, op: ops.Rope, node: Node, args: list[Any]) -> Any:
+    return call("Rope", *args)
+
+
 @_encodes(ops.IntMatMul)
 def _int_matmul(e: _Encoder, op: ops.IntMatMul, node: Node, args: list[Any]) -> Any:
     return call("IntMatMul", *args)
@@ -546,6 +551,7 @@ DECODERS: dict[str, Decoder] = {
     "LayerNorm": lambda r, a: ops.LayerNorm(a[1], a[2]),
     "RmsNorm": lambda r, a: ops.RmsNorm(a[1], a[2]),
     "Attention": lambda r, a: ops.Attention(a[4]),
+    "Rope": lambda r, a: ops.Rope(),
     "IntMatMul": lambda r, a: ops.IntMatMul(),
     "IntConv": lambda r, a: ops.IntConv(tuple(a[4]), _pairs(a[5]), tuple(a[6]), a[7]),
     "Int4MatMul": lambda r, a: ops.Int4MatMul(a[4]),

@@ -350,6 +350,24 @@ def test_rms_norm_matches_the_reference(rng: np.random.Generator, axis: int) -> 
     _close(KERNELS[ops.RmsNorm](ops.RmsNorm(axis, 1e-3), x), expected, rtol=1e-4)
 
 
+@pytest.mark.parametrize("engine", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("dtype", [F32, DType.F16], ids=lambda d: d.short)
+def test_rope_matches_rotary_embedding(rng: np.random.Generator, dtype: DType, engine: str) -> None:
+    # ONNX's RotaryEmbedding takes half-width tables; Rope reads them repeated, as LLaMA's
+    # cos = cat(freqs, freqs).cos() is, and broadcast over the heads.
+    x = random_array(rng, (2, 3, 5, 8), dtype)
+    angles = rng.uniform(-4.0, 4.0, (2, 5, 4)).astype(dtype.numpy)
+    cos, sin = np.cos(angles), np.sin(angles)
+    (expected,) = _onnx("RotaryEmbedding", [x, cos, sin], opset=23, engine=engine)
+
+    def table(half: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(np.concatenate([half, half], axis=-1)[:, None], x.shape)
+
+    ours = KERNELS[ops.Rope](ops.Rope(), x, table(cos), table(sin))
+    tolerance = 1e-6 if dtype is F32 else 2e-3
+    _close(ours, expected, rtol=tolerance, atol=tolerance)
+
+
 def test_conv_of_a_non_contiguous_input_matches(rng: np.random.Generator) -> None:
     x = random_array(rng, (2, 7, 6, 3), F32).transpose(0, 3, 1, 2)  # a permuted view
     w = random_array(rng, (4, 3, 3, 3), F32)

@@ -29,7 +29,7 @@ class ProgramBuilder:
         self.tensors.append(Tensor(len(self.tensors), TensorType(tuple(shape), dtype), role))
         return len(self.tensors) - 1
 
-    def input(self, name: str, shape: Sequence[int], dtype: DType = DType.F32) -> int:
+    def input(self, name: str, shape: Sequence[Dim], dtype: DType = DType.F32) -> int:
         tid = self._tensor(shape, dtype, "input")
         self.inputs.append(tid)
         self.names.append(name)

@@ -110,6 +110,7 @@ def _check_one_input(
     assert_same(run_onnxruntime(save_onnx(graph, opset=opset), feeds), run_knopt(graph, feeds))
 
 
+_ANGLES = np.linspace(-2.0, 2.0, 12, dtype=np.float32).reshape(3, 4)  # rope's [seq, head] table
 _STRUCTURAL: dict[str, Body] = {
     "view": lambda b, x: b.view(x, (6, 4)),
     "broadcast": lambda b, x: b.broadcast(b.slice(x, axis=1, start=0, stop=1), (2, 3, 4)),
@@ -142,6 +143,7 @@ _STRUCTURAL: dict[str, Body] = {
     "softmax": lambda b, x: b.softmax(x, axis=1),
     "layer_norm": lambda b, x: b.layer_norm(x, axis=1, eps=1e-5),
     "rms_norm": lambda b, x: b.rms_norm(x, axis=2, eps=1e-6),
+    "rope": lambda b, x: b.rope(x, b.constant(np.cos(_ANGLES)), b.constant(np.sin(_ANGLES))),
     "iota": lambda b, x: b.add(x, b.cast(b.iota(4, DType.I32), F32)),
     "iota_u8": lambda b, x: b.add(x, b.cast(b.iota(4, DType.U8), F32)),
     "sizes": lambda b, x: b.apply(_sizes_op((2, 7), DType.I32)),

@@ -46,6 +46,8 @@ MOVES: list[tuple[Move, int]] = [
     (template.softmax, 3),
     (template.attention, 3),
     (template.swiglu, 2),
+    (template.rope, 1),
+    (template.rope_op, 1),
     (template.neutral, 3),
     (template.no_op_views, 2),
     (quantize.int_products, 1),

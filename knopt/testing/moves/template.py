@@ -1,8 +1,8 @@
 """Moves that write out what the rules look for, in the variants exporters produce.
 
 They write affine chains, LayerNorm and RMSNorm, GELU (erf and tanh), SiLU, Sigmoid,
-HardSigmoid, HardSwish, softmax from exp and sum, attention, SwiGLU, and neutral elements and
-no-ops.
+HardSigmoid, HardSwish, softmax from exp and sum, attention, SwiGLU, rotary embeddings (and
+the Rope op they become, so that random graphs hold it), and neutral elements and no-ops.
 """
 
 from __future__ import annotations
@@ -181,6 +181,42 @@ def attention(gen: GraphGen) -> Value | None:
         blocked[..., 0] = False
         scores = g.add(scores, g.constant(np.where(blocked, -1e4, 0.0).astype(gen.main.numpy)))
     return gen.add(g.matmul(g.softmax(scores, axis=scores.rank - 1), v))
+
+
+def _rope_input(gen: GraphGen) -> tuple[Value, Value, Value]:
+    """Operands of a rope: x `[..., s, 2h]` (from the pool if one fits), cos and sin `[s, 2h]`."""
+    entry = gen.pick("float", min_rank=2)
+    if entry is not None and static_shape(entry.value)[-1] % 2 == 0:
+        x = entry.value
+    else:
+        x = gen.input((*gen.shape(gen.integer(0, 2)), gen.dim(), 2 * gen.integer(1, 3)))
+    table = static_shape(x)[-2:]
+    return x, gen.constant(table), gen.constant(table)
+
+
+def rope(gen: GraphGen) -> Value | None:
+    """The rotary template, x * cos + concat(-x2, x1) * sin, with operands in either order."""
+    g = gen.builder
+    x, cos, sin = _rope_input(gen)
+    h = static_shape(x)[-1] // 2
+    last = x.rank - 1
+    lower, upper = (
+        g.slice(x, axis=last, start=0, stop=h),
+        g.slice(x, axis=last, start=h, stop=2 * h),
+    )
+    rotated = g.concat([g.unary(Unary.NEG, upper), lower], axis=last)
+
+    def times(a: Value, b: Value) -> Value:
+        return g.mul(a, b) if gen.boolean() else g.mul(b, a)
+
+    kept, turned = times(x, cos), times(rotated, sin)
+    return gen.add(g.add(kept, turned) if gen.boolean() else g.add(turned, kept))
+
+
+def rope_op(gen: GraphGen) -> Value | None:
+    """The Rope op, with per-position cos and sin tables broadcast over the leading axes."""
+    x, cos, sin = _rope_input(gen)
+    return gen.add(gen.builder.rope(x, cos, sin))
 
 
 def swiglu(gen: GraphGen) -> Value | None:

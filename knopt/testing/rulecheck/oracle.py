@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from knopt.cpu.elementwise import NUMPY_UNARY
-from knopt.cpu.kernels import KERNELS, int4_weight, unpack_int4
+from knopt.cpu.kernels import KERNELS, int4_weight, rotate_half, unpack_int4
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph, Node, Value
@@ -346,6 +346,26 @@ def _runtime(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     return f"e-class {cls} reads no input nor a broadcast too large to fold, and is static"
 
 
+# ---- rotary embedding (rules/rope.egg) ---------------------------------------------------------
+
+
+def _half_rotated(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    r, x = args
+    return _exact(ctx.values.value(r.id), rotate_half(ctx.values.value(x.id)), "rotate_half(x)")
+
+
+def _rope_sin_term(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    q, x, s = args
+    expected = rotate_half(ctx.values.value(x.id)) * ctx.values.value(s.id)
+    return _exact(ctx.values.value(q.id), expected, "rotate_half(x) * sin")
+
+
+def _rope_cos_term(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    p, x, c = args
+    expected = ctx.values.value(x.id) * ctx.values.value(c.id)
+    return _exact(ctx.values.value(p.id), expected, "x * cos")
+
+
 # ---- quantized arithmetic (rules/quantize.egg) ------------------------------------------------
 
 
@@ -511,6 +531,9 @@ ORACLES: dict[str, Oracle] = {
     "mean-of": _mean_of,
     "channel-mean-of": _channel_mean_of,
     "tanh-gelu-arg": _tanh_gelu_arg,
+    "half-rotated": _half_rotated,
+    "rope-sin-term": _rope_sin_term,
+    "rope-cos-term": _rope_cos_term,
     "softmax-addend": _context_only,
     "raw-scores": _context_only,
     "merge-key": _constant,

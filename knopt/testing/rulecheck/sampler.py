@@ -458,6 +458,11 @@ def _attention(s: Sampling, out: Hint, fixed: dict[int, Any]) -> Proposal:
     return {4: _pick(fixed, 4, lambda: 1 / math.sqrt(d))}, children
 
 
+def _rope(s: Sampling, out: Hint, fixed: dict[int, Any]) -> Proposal:
+    # x, cos and sin have the result's type; an odd last axis is rejected by `Rope.infer`.
+    return {}, {0: out, 1: out, 2: out}
+
+
 def _iota(s: Sampling, out: Hint, fixed: dict[int, Any]) -> Proposal:
     length = out.shape[0] if len(out.shape) == 1 else s.integer(1, 4)
     return {0: _pick(fixed, 0, lambda: length), 1: _pick(fixed, 1, lambda: out.dtype.name)}, {}
@@ -500,6 +505,7 @@ SAMPLERS: dict[str, Sampler] = {
     "LayerNorm": _normalize,
     "RmsNorm": _normalize,
     "Attention": _attention,
+    "Rope": _rope,
     "IntMatMul": _int_matmul,
     "IntConv": _int_conv,
     "Int4MatMul": _int4_matmul,
