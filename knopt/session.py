@@ -237,8 +237,15 @@ class Session:
                 arrays (torch, cupy: anything with `__dlpack__`), which are read in place.
                 Resident inputs may be left out: the kept outputs of the last run are used.
             device_outputs: On "cuda", return the results as `knopt.cuda.executor.DeviceArray`s
-                left on the GPU (valid until the next run) instead of numpy arrays. Resident
-                outputs come back as numpy arrays either way.
+                left on the GPU (valid until the next run) instead of numpy arrays, and do not
+                wait for the GPU: the run is queued and `run` returns. Take the results with
+                DLPack (`torch.from_dlpack(result)`), which makes the consumer's current
+                stream wait for the run; the next run waits for what that stream queued
+                before it. The run reads GPU feeds later, on knopt's stream (which DLPack
+                orders after their producer's writes): write to a fed array on another
+                stream only once that stream has waited for the run, as taking a result
+                with DLPack on it does. Resident outputs come back as numpy arrays either
+                way.
 
         Returns:
             The requested outputs, in the requested order.

@@ -2,16 +2,23 @@
 
 Copies, events and stream capture use cuda.bindings. Every driver status passes through
 `check()`, which names the call.
+
+Work is only queued on the stream, never waited for, except where the host needs its result
+(a download, `sync`). Other streams are ordered against it with events (`wait_for`,
+`make_wait`), and host objects that queued work reads (GPU arrays of other libraries, whose
+memory their allocator would reuse once freed) are kept until that work is done (`hold`).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from cuda import core
 from cuda.bindings import driver as cu
+from cuda.core.utils import StridedMemoryView
 
 from knopt.errors import CudaError
 
@@ -60,10 +67,14 @@ class Gpu:
             self.stream = self.device.create_stream()
         except Exception as err:  # cuda.core raises its own types; keep the message
             raise CudaError(f"cuda.core.Device({index})", None, str(err)) from err
+        self.index = index
         self.arch = f"sm_{self.device.arch}"
         self.stream_handle = int(self.stream.handle)
         self._cu_device = check("cuDeviceGet", cu.cuDeviceGet(index))
         self._buffers: list[Any] = []
+        self._marker: Any = None  # an event recorded, waited on, recorded again (wait_for)
+        self._held: deque[tuple[Any, tuple[Any, ...]]] = deque()  # (event, objects) of `hold`
+        self._spare: list[Any] = []  # events of `hold` whose work is done
 
     @property
     def name(self) -> str:
@@ -154,6 +165,76 @@ class Gpu:
     def sync(self) -> None:
         """Wait for everything queued on the stream."""
         check("cuStreamSynchronize", cu.cuStreamSynchronize(self.stream.handle))
+        while self._held:
+            self._spare.append(self._held.popleft()[0])
+
+    # ---- ordering against other streams ----------------------------------------------------
+
+    def wait_for(self, stream: int) -> None:
+        """Make the stream wait for the work queued on `stream` (a handle) so far.
+
+        The handles 1 and 2 are CUDA's legacy and per-thread default streams.
+        """
+        if stream != self.stream_handle:
+            self._order(cu.CUstream(stream), self.stream.handle)
+
+    def make_wait(self, stream: int) -> None:
+        """Make `stream` (a handle) wait for the work queued on the stream so far."""
+        if stream != self.stream_handle:
+            self._order(self.stream.handle, cu.CUstream(stream))
+
+    def _order(self, first: Any, then: Any) -> None:
+        # A wait takes the event as last recorded when it is queued, so one event serves
+        # every ordering: recording it again later does not move an earlier wait.
+        if self._marker is None:
+            self._marker = _event()
+        check("cuEventRecord", cu.cuEventRecord(self._marker, first))
+        check("cuStreamWaitEvent", cu.cuStreamWaitEvent(then, self._marker, 0))
+
+    def hold(self, objects: tuple[Any, ...]) -> None:
+        """Keep `objects` alive until the work queued on the stream so far is done.
+
+        A GPU array of another library that a queued run reads must outlive the run: freed
+        earlier, its allocator could hand its memory to work on another stream.
+        """
+        self._release_done()
+        event = self._spare.pop() if self._spare else _event()
+        check("cuEventRecord", cu.cuEventRecord(event, self.stream.handle))
+        self._held.append((event, objects))
+
+    def _release_done(self) -> None:
+        """Let go of the objects `hold` kept for work that is done (in queue order)."""
+        while self._held:
+            event = self._held[0][0]
+            result = cu.cuEventQuery(event)
+            status = result[0] if isinstance(result, tuple) else result
+            if status == cu.CUresult.CUDA_ERROR_NOT_READY:
+                return
+            check("cuEventQuery", status)
+            self._spare.append(self._held.popleft()[0])
+
+    def dlpack(
+        self, address: int, shape: tuple[int, ...], dtype: np.dtype, owner: Any, versioned: bool
+    ) -> Any:
+        """A DLPack capsule of the device memory at `address` (the caller orders the streams).
+
+        Args:
+            address: Where the (contiguous) data starts.
+            shape: Its shape.
+            dtype: Its numpy dtype.
+            owner: Kept alive as long as the capsule and the tensor made from it.
+            versioned: A DLPack 1.x capsule ("dltensor_versioned"), else a 0.x one.
+
+        Raises:
+            CudaError: If cuda.core cannot describe the memory.
+        """
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        try:
+            buffer = core.Buffer.from_handle(address, nbytes, owner=owner)
+            view = StridedMemoryView.from_buffer(buffer, shape, dtype=dtype)
+            return view.__dlpack__(max_version=(1, 0) if versioned else None)
+        except Exception as err:  # cuda.core raises its own types; keep the message
+            raise CudaError("StridedMemoryView.__dlpack__", None, str(err)) from err
 
     def begin_capture(self) -> None:
         """Start recording the stream's work into a CUDA graph."""
@@ -195,3 +276,9 @@ class Gpu:
         check("cuEventDestroy", cu.cuEventDestroy(start))
         check("cuEventDestroy", cu.cuEventDestroy(end))
         return float(milliseconds)
+
+
+def _event() -> Any:
+    """A driver event for ordering (no timing, which makes recording it cheaper)."""
+    flags = cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+    return check("cuEventCreate", cu.cuEventCreate(flags))

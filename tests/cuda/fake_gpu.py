@@ -47,6 +47,7 @@ class FakeGpu:
     """Records allocations, uploads, launches and captures."""
 
     arch: str = "sm_90"
+    index: int = 0
     stream_handle: int = 7
     next_address: int = 1 << 20
     live: dict[int, int] = field(default_factory=dict)
@@ -54,7 +55,10 @@ class FakeGpu:
     launches: list[tuple[str, tuple[int, int, int], list[Any]]] = field(default_factory=list)
     captures: int = 0
     replays: int = 0
+    syncs: int = 0
     kernels: dict[str, list[str]] = field(default_factory=dict)
+    orders: list[tuple[str, int]] = field(default_factory=list)  # ("wait_for" | "make_wait", s)
+    held: list[tuple[Any, ...]] = field(default_factory=list)
 
     def allocate(self, nbytes: int) -> int:
         address = self.next_address
@@ -108,7 +112,25 @@ class FakeGpu:
         self.launches.append((kernel, grid, list(args)))
 
     def sync(self) -> None:
-        pass
+        self.syncs += 1
+        self.held.clear()
+
+    def wait_for(self, stream: int) -> None:
+        if stream != self.stream_handle:
+            self.orders.append(("wait_for", stream))
+
+    def make_wait(self, stream: int) -> None:
+        if stream != self.stream_handle:
+            self.orders.append(("make_wait", stream))
+
+    def hold(self, objects: tuple[Any, ...]) -> None:
+        self.held.append(objects)
+
+    def dlpack(
+        self, address: int, shape: tuple[int, ...], dtype: np.dtype, owner: Any, versioned: bool
+    ) -> Any:
+        self._check_inside(address, int(np.prod(shape)) * dtype.itemsize)
+        return np.zeros(shape, dtype).__dlpack__(max_version=(1, 0) if versioned else None)
 
     def begin_capture(self) -> None:
         pass
