@@ -23,6 +23,7 @@ from cuda.core.utils import StridedMemoryView
 from knopt.errors import CudaError
 
 DEFAULT_SHARED_LIMIT = 48 * 1024  # bytes of dynamic shared memory a kernel gets unasked
+VIEWS_KEPT = 64  # descriptions of device memory that `Gpu.dlpack` keeps for the next call
 
 
 def check(call: str, result: Any) -> Any:
@@ -75,6 +76,7 @@ class Gpu:
         self._marker: Any = None  # an event recorded, waited on, recorded again (wait_for)
         self._held: deque[tuple[Any, tuple[Any, ...]]] = deque()  # (event, objects) of `hold`
         self._spare: list[Any] = []  # events of `hold` whose work is done
+        self._views: dict[tuple[int, tuple[int, ...], np.dtype], Any] = {}  # see `dlpack`
 
     @property
     def name(self) -> str:
@@ -213,25 +215,32 @@ class Gpu:
             check("cuEventQuery", status)
             self._spare.append(self._held.popleft()[0])
 
-    def dlpack(
-        self, address: int, shape: tuple[int, ...], dtype: np.dtype, owner: Any, versioned: bool
-    ) -> Any:
+    def dlpack(self, address: int, shape: tuple[int, ...], dtype: np.dtype, versioned: bool) -> Any:
         """A DLPack capsule of the device memory at `address` (the caller orders the streams).
+
+        The memory stays knopt's: the capsule neither owns nor frees it. Its description
+        (a cuda.core view) is made once per place, as a decoding loop hands over the same
+        output at every step.
 
         Args:
             address: Where the (contiguous) data starts.
             shape: Its shape.
             dtype: Its numpy dtype.
-            owner: Kept alive as long as the capsule and the tensor made from it.
             versioned: A DLPack 1.x capsule ("dltensor_versioned"), else a 0.x one.
 
         Raises:
             CudaError: If cuda.core cannot describe the memory.
         """
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        key = (address, shape, dtype)
         try:
-            buffer = core.Buffer.from_handle(address, nbytes, owner=owner)
-            view = StridedMemoryView.from_buffer(buffer, shape, dtype=dtype)
+            view = self._views.get(key)
+            if view is None:
+                nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                buffer = core.Buffer.from_handle(address, nbytes)
+                view = StridedMemoryView.from_buffer(buffer, shape, dtype=dtype)
+                if len(self._views) >= VIEWS_KEPT:
+                    self._views.clear()
+                self._views[key] = view
             return view.__dlpack__(max_version=(1, 0) if versioned else None)
         except Exception as err:  # cuda.core raises its own types; keep the message
             raise CudaError("StridedMemoryView.__dlpack__", None, str(err)) from err

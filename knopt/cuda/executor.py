@@ -177,7 +177,7 @@ class DeviceArray:
 
         Raises:
             ResultError: If a later run has overwritten the result, or for another device,
-                a copy or the ambiguous stream 0.
+                a copy, the ambiguous stream 0 or a dtype cuda.core does not export (bfloat16).
         """
         device = self.__dlpack_device__()
         if dl_device is not None and tuple(dl_device) != device:
@@ -186,12 +186,14 @@ class DeviceArray:
             raise ResultError("knopt hands over its buffer, not a copy (copy=True)")
         if stream == 0:
             raise ResultError("DLPack stream 0 is ambiguous on CUDA (1 is the default stream)")
+        if self.dtype.kind not in "biufc":
+            raise ResultError(f"a {self.dtype} result has no DLPack export here: use numpy()")
         if stream == -1:
             self.guard.check(self.run)
         else:
             self.guard.lend(self.run, LEGACY_STREAM if stream is None else stream)
         versioned = max_version is not None and tuple(max_version) >= (1, 0)
-        return self.gpu.dlpack(self.address, self.shape, self.dtype, self, versioned)
+        return self.gpu.dlpack(self.address, self.shape, self.dtype, versioned)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         """DLPack's (device type, device id) of the result: (kDLCUDA, the GPU's index)."""
