@@ -11,6 +11,7 @@ memory their allocator would reuse once freed) are kept until that work is done 
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +25,9 @@ from knopt.errors import CudaError
 
 DEFAULT_SHARED_LIMIT = 48 * 1024  # bytes of dynamic shared memory a kernel gets unasked
 VIEWS_KEPT = 64  # descriptions of device memory that `Gpu.dlpack` keeps for the next call
+STAGING_BYTES = 2 << 20  # pinned host memory that small uploads pass through (two halves)
+STAGED_MAX = 64 << 10  # uploads up to this size are staged; larger ones copy from where they are
+PAGE = 4096  # bytes of a host page (pinned memory starts on one)
 
 
 def check(call: str, result: Any) -> Any:
@@ -77,6 +81,7 @@ class Gpu:
         self._held: deque[tuple[Any, tuple[Any, ...]]] = deque()  # (event, objects) of `hold`
         self._spare: list[Any] = []  # events of `hold` whose work is done
         self._views: dict[tuple[int, tuple[int, ...], np.dtype], Any] = {}  # see `dlpack`
+        self._staging: _Staging | None = None  # made at the first small upload
 
     @property
     def name(self) -> str:
@@ -101,13 +106,24 @@ class Gpu:
                 return
 
     def upload(self, address: int, array: np.ndarray) -> None:
-        """Copy a host array to device memory at `address`."""
+        """Copy a host array to device memory at `address`, without waiting for the GPU.
+
+        `array` may change as soon as this returns. A small array passes through pinned
+        memory: a copy from pageable memory may wait for the stream's queued work first.
+        """
         array = np.ascontiguousarray(array)
-        if array.nbytes:
-            check(
-                "cuMemcpyHtoDAsync",
-                cu.cuMemcpyHtoDAsync(address, array.ctypes.data, array.nbytes, self.stream.handle),
-            )
+        if not array.nbytes:
+            return
+        if array.nbytes <= STAGED_MAX:
+            if self._staging is None:
+                self._staging = _Staging()
+            source = self._staging.place(array, self.stream.handle)
+        else:
+            source = array.ctypes.data
+        check(
+            "cuMemcpyHtoDAsync",
+            cu.cuMemcpyHtoDAsync(address, source, array.nbytes, self.stream.handle),
+        )
 
     def download(self, address: int, array: np.ndarray) -> np.ndarray:
         """Fill contiguous host `array` from device memory at `address` (waits for the copy)."""
@@ -285,6 +301,47 @@ class Gpu:
         check("cuEventDestroy", cu.cuEventDestroy(start))
         check("cuEventDestroy", cu.cuEventDestroy(end))
         return float(milliseconds)
+
+
+class _Staging:
+    """Pinned host memory that small uploads pass through, in turn (a ring of two halves).
+
+    An upload is copied in, then queued from there; the next upload takes the memory after
+    it. Before the ring enters a half again, the host waits for the copies queued from that
+    half last time: they were queued a whole half of uploads ago, so they are long done.
+
+    Raises:
+        CudaError: If the memory cannot be pinned.
+    """
+
+    def __init__(self) -> None:
+        memory = np.empty(STAGING_BYTES + PAGE, np.uint8)
+        start = -memory.ctypes.data % PAGE
+        self.host = memory[start : start + STAGING_BYTES]
+        self.address = int(self.host.ctypes.data)
+        check("cuMemHostRegister", cu.cuMemHostRegister(self.address, STAGING_BYTES, 0))
+        # Unpin before numpy frees the memory, which would otherwise stay registered.
+        weakref.finalize(self, cu.cuMemHostUnregister, self.address)
+        self.offset = 0
+        self._left: list[Any] = [None, None]  # per half: an event recorded as the ring left it
+
+    def place(self, array: np.ndarray, stream: Any) -> int:
+        """Copy contiguous `array` in; returns its pinned address (to copy from on `stream`)."""
+        half = STAGING_BYTES // 2
+        size = -(-array.nbytes // 256) * 256
+        current = self.offset // half
+        if self.offset + size > (current + 1) * half:
+            other = 1 - current
+            if self._left[current] is None:
+                self._left[current] = _event()
+            check("cuEventRecord", cu.cuEventRecord(self._left[current], stream))
+            if self._left[other] is not None:
+                check("cuEventSynchronize", cu.cuEventSynchronize(self._left[other]))
+            self.offset = other * half
+        start = self.offset
+        self.host[start : start + array.nbytes] = array.reshape(-1).view(np.uint8)
+        self.offset = start + size
+        return self.address + start
 
 
 def _event() -> Any:
