@@ -73,15 +73,23 @@ class ResultGuard:
         self.run = 0
         self._readers: set[int] = set()
 
-    def begin_run(self) -> None:
-        """Start a run, after the work of the streams reading the results it overwrites."""
+    def settle(self) -> None:
+        """Make the stream wait for the streams reading the results, before they are reused.
+
+        Call it before queuing anything that overwrites or frees the output pool.
+        """
         for stream in self._readers:
             self.gpu.wait_for(stream)
         self._readers.clear()
+
+    def begin_run(self) -> None:
+        """Start a run, after the work of the streams reading the results it overwrites."""
+        self.settle()
         self.run += 1
 
     def forget(self) -> None:
-        """Make every result handed out stale (its memory is going away)."""
+        """Make every result handed out stale, once read: its memory is going away."""
+        self.settle()
         self.run += 1
 
     def lend(self, run: int, stream: int) -> None:
@@ -362,12 +370,12 @@ class Runtime:
 
     def close(self) -> None:
         """Free the memory the runtime holds (its plans' executables are closed first)."""
+        self.guard.forget()
         for address in (self.weights, self.resident, *(p.address for p in self.pools.values())):
             if address:
                 self.gpu.release(address)
         self.weights = self.resident = 0
         self.pools = {name: Pool(self.gpu) for name in POOLS}
-        self.guard.forget()
 
     def generations(self) -> tuple[int, ...]:
         """The pools' and resident region's generations (part of a captured graph's key)."""
@@ -469,6 +477,7 @@ class Executable:
         self.workspace_bytes = workspace
         pools = self.runtime.pools
         generations = self.runtime.generations()
+        self.runtime.guard.settle()  # a pool that grows frees the memory results are read from
         pools["workspace"].reserve(workspace)
         pools["arena"].reserve(plan.region_bytes.get("arena", 0))
         pools["output"].reserve(plan.region_bytes.get("output", 0))

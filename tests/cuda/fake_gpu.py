@@ -59,7 +59,7 @@ class FakeGpu:
     replays: int = 0
     syncs: int = 0
     kernels: dict[str, list[str]] = field(default_factory=dict)
-    stream_log: list[tuple[str, int]] = field(default_factory=list)  # (call, other stream)
+    stream_log: list[tuple[str, int]] = field(default_factory=list)  # (call, stream or address)
     held: list[tuple[Any, ...]] = field(default_factory=list)
 
     def allocate(self, nbytes: int) -> int:
@@ -71,6 +71,7 @@ class FakeGpu:
     def release(self, address: int) -> None:
         assert address in self.live, f"freeing {address:#x}, which is not allocated"
         del self.live[address]
+        self.stream_log.append(("release", address))
 
     def upload(self, address: int, array: np.ndarray) -> None:
         self._check_inside(address, np.asarray(array).nbytes)

@@ -284,6 +284,25 @@ def test_a_result_orders_its_dlpack_consumer_and_the_next_run_waits_for_it(
     assert [e for e in gpu.stream_log if e[0] == "wait_for"] == []
 
 
+def test_an_output_pool_read_by_a_consumer_is_freed_only_after_it(gpu: FakeGpu) -> None:
+    session = _decoding_session()
+    _prefill(session)
+    logits = _decode(session, gpu, 4)
+    logits.__dlpack__(stream=11)
+    old = session._cuda.state(session._program()).runtime.pools["output"].address
+    gpu.stream_log.clear()
+    session.reset()
+    prompt = {
+        "input_ids": np.ones((1, 8), np.int64),
+        "attention_mask": np.ones((1, 8), np.int64),
+        "position_ids": np.arange(8)[None],
+    }
+    session.run(["logits"], prompt, device_outputs=True)  # longer logits: the pool grows
+    assert gpu.stream_log.index(("wait_for", 11)) < gpu.stream_log.index(("release", old))
+    with pytest.raises(knopt.ResultError):
+        logits.__dlpack__(stream=11)
+
+
 def test_a_result_taken_without_ordering_or_on_knopts_stream_adds_no_wait(gpu: FakeGpu) -> None:
     session = _decoding_session()
     _prefill(session)
