@@ -72,6 +72,15 @@ class InputError(KnoptError):
     """The inputs given to a session do not match the model (names, shapes, dtypes)."""
 
 
+class ResultError(KnoptError, BufferError):
+    """A result left on the GPU (`device_outputs`) cannot be handed over as asked.
+
+    A later run has overwritten it, or a DLPack consumer asked for what knopt does not do
+    (another device, a copy, the ambiguous stream 0). It is a `BufferError`, which the DLPack
+    protocol expects of a producer that refuses.
+    """
+
+
 class MemoryLimitError(KnoptError):
     """A tensor would exceed the memory budget (`knopt.set_memory_limit`, `KNOPT_MEMORY_LIMIT`).
 

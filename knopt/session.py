@@ -29,8 +29,8 @@ from knopt.ir.graph import Graph
 from knopt.ir.kvcache import (
     CacheLayout,
     CacheStep,
+    CacheSteps,
     HostCaches,
-    cache_step,
     decoding_steps,
     describe_cache,
 )
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 DEVICES = ("cpu", "cuda", "best")
 PRECISIONS = ("f32", "tf32", "fp16", "bf16")  # the keys of knopt.cuda.precision.PRECISIONS
 SIZES_KEPT = 32  # sets of sizes whose bound graph (cpu) or plan and CUDA graph (cuda) are kept
+NAMES_KEPT = 64  # (feed names, output names) pairs whose check `Session.run` remembers
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -66,7 +67,9 @@ def remember(cache: OrderedDict[K, V], key: K, make: Callable[[], V], limit: int
 def _shape(value: Any) -> tuple[int, ...]:
     # GPU arrays (torch, cupy) have a shape but should not pass through numpy.
     shape = getattr(value, "shape", None)
-    return tuple(int(d) for d in shape) if shape is not None else np.shape(value)
+    if shape is None:
+        return np.shape(value)
+    return shape if type(shape) is tuple else tuple(map(int, shape))
 
 
 @dataclass
@@ -140,6 +143,7 @@ class Session:
         self._host_caches: HostCaches | None = None
         if resident:
             self._cache = describe_cache(graph, resident, cache_mask, self.dims)
+            self._steps = CacheSteps(graph, self._cache)
             if self._cuda is None:
                 self._host_caches = HostCaches(graph, self._cache)
         elif cache_mask is not None:
@@ -192,6 +196,8 @@ class Session:
         self.cache: ProgramCache | None = None
         if cache is not None:
             self.cache = open_cache(cache, device)
+        self._checked: dict[tuple[Any, ...], list[str]] = {}  # see `_wanted`
+        self._source: tuple[Graph, Any] | None = None  # see `_program`
 
     def __repr__(self) -> str:
         optimized = "optimized" if self.optimize else "not optimized"
@@ -237,8 +243,15 @@ class Session:
                 arrays (torch, cupy: anything with `__dlpack__`), which are read in place.
                 Resident inputs may be left out: the kept outputs of the last run are used.
             device_outputs: On "cuda", return the results as `knopt.cuda.executor.DeviceArray`s
-                left on the GPU (valid until the next run) instead of numpy arrays. Resident
-                outputs come back as numpy arrays either way.
+                left on the GPU (valid until the next run) instead of numpy arrays, and do not
+                wait for the GPU: the run is queued and `run` returns. Take the results with
+                DLPack (`torch.from_dlpack(result)`), which makes the consumer's current
+                stream wait for the run; the next run waits for what that stream queued
+                before it. The run reads GPU feeds later, on knopt's stream (which DLPack
+                orders after their producer's writes): write to a fed array on another
+                stream only once that stream has waited for the run, as taking a result
+                with DLPack on it does. Resident outputs come back as numpy arrays either
+                way.
 
         Returns:
             The requested outputs, in the requested order.
@@ -247,22 +260,49 @@ class Session:
             InputError: If a feed is missing, unknown, or of the wrong shape or dtype, a size
                 is outside the session's range, or an output name is unknown.
         """
-        unknown = sorted(set(feeds) - set(self.input_names))
-        if unknown:
-            raise InputError(f"unknown input(s) {unknown}; the model takes {self.input_names}")
-        optional = self._cache.inputs if self._cache is not None else frozenset()
-        missing = [n for n in self.input_names if n not in feeds and n not in optional]
-        if missing:
-            raise InputError(f"missing input(s) {missing}; the model takes {self.input_names}")
-        wanted = self.output_names if output_names is None else list(output_names)
-        not_outputs = [name for name in wanted if name not in self.output_names]
-        if not_outputs:
-            raise InputError(f"unknown output(s) {not_outputs}; the model has {self.output_names}")
+        wanted = self._wanted(feeds, output_names)
         if self._cache is not None:
             return self._run_cached(wanted, feeds, device_outputs)
         sizes = self._sizes({name: _shape(value) for name, value in feeds.items()})
         results = self._run_sized(sizes, feeds, device_outputs)
         return [results[name] for name in wanted]
+
+    def _wanted(self, feeds: Mapping[str, Any], output_names: Sequence[str] | None) -> list[str]:
+        """The outputs to return, once the names of the feeds and outputs are found right.
+
+        The answer is remembered for each pair of feed names and output names: a loop that
+        feeds the same names pays one lookup, not a walk over the model's inputs.
+
+        Raises:
+            InputError: If a feed is missing or unknown, or an output name is unknown.
+        """
+        asked = None if output_names is None else tuple(output_names)
+        key = (tuple(feeds), asked)
+        wanted = self._checked.get(key)
+        if wanted is None:
+            wanted = self._check_names(feeds, asked)
+            if len(self._checked) >= NAMES_KEPT:
+                self._checked.clear()
+            self._checked[key] = wanted
+        return wanted
+
+    def _check_names(
+        self, feeds: Mapping[str, Any], output_names: Sequence[str] | None
+    ) -> list[str]:
+        """The outputs to return (see `_wanted`)."""
+        input_names = self.input_names
+        unknown = sorted(set(feeds) - set(input_names))
+        if unknown:
+            raise InputError(f"unknown input(s) {unknown}; the model takes {input_names}")
+        optional = self._cache.inputs if self._cache is not None else frozenset()
+        missing = [n for n in input_names if n not in feeds and n not in optional]
+        if missing:
+            raise InputError(f"missing input(s) {missing}; the model takes {input_names}")
+        wanted = self.output_names if output_names is None else list(output_names)
+        not_outputs = [name for name in wanted if name not in self.output_names]
+        if not_outputs:
+            raise InputError(f"unknown output(s) {not_outputs}; the model has {self.output_names}")
+        return wanted
 
     def _sizes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
         """The named sizes of a run, checked against the profile.
@@ -298,10 +338,9 @@ class Session:
             length = self._host_caches.length
         else:
             length = self._cuda.load_caches(self._program(), layout, self.graph, feeds)
-        shapes = {n: _shape(v) for n, v in feeds.items() if n not in layout.inputs}
-        step = cache_step(self.graph, layout, shapes, length)
-        self.dims.check(step.actual)
         run_feeds = {n: v for n, v in feeds.items() if n not in layout.inputs}
+        step = self._steps.step({n: _shape(v) for n, v in run_feeds.items()}, length)
+        self.dims.check(step.actual)
         if layout.mask is not None:
             run_feeds[layout.mask] = widen_cache_mask(feeds[layout.mask], step)
         return self._append(wanted, run_feeds, step, device_outputs)
@@ -324,8 +363,8 @@ class Session:
                 # A prefill: prepare the decoding steps' kernels now, not at the first step.
                 self._cuda.warm_steps(program, decoding_steps(self.graph, layout, step))
             kept = {
-                name: self._cuda.cache_output(self._program(), name)
-                for name in layout.outputs & set(wanted)
+                name: self._cuda.cache_output(program, name)
+                for name in layout.outputs.intersection(wanted)
             }
         return [kept[name] if name in layout.outputs else results[name] for name in wanted]
 
@@ -353,8 +392,14 @@ class Session:
         return remember(self._optimized, graph, run, SIZES_KEPT)
 
     def _program(self) -> Any:
-        """What the cuda runner runs: the optimized Program, or the graph itself."""
-        return self._optimize(self.graph).program if self.optimize else self.graph
+        """What the cuda runner runs: the optimized Program, or the graph itself.
+
+        Kept for the graph it was made for: a run asks for it twice or more.
+        """
+        if self._source is None or self._source[0] is not self.graph:
+            program = self._optimize(self.graph).program if self.optimize else self.graph
+            self._source = (self.graph, program)
+        return self._source[1]
 
     def _graph_for(self, sizes: Mapping[str, int]) -> Graph:
         """The graph to run on the cpu, bound to `sizes` (kept for SIZES_KEPT sets)."""

@@ -12,7 +12,7 @@ import knopt
 from knopt.errors import InputError, KnoptError, SymbolicSizeError, UsageError
 from knopt.ir.graph import Graph
 from knopt.session import PRECISIONS, PerSizeSession
-from tests.models import MODELS
+from tests.models import MODELS, fixtures
 from tests.oracle import run_onnxruntime
 
 
@@ -56,6 +56,23 @@ def test_per_size_session_rejects_inputs_of_the_wrong_rank() -> None:
     session = knopt.compile(_same_padded_conv().SerializeToString())
     with pytest.raises(InputError, match="input 'y'"):
         session.run(None, {"x": np.ones((1, 2, 4, 4), np.float32), "y": np.ones(2, np.float32)})
+
+
+def test_names_found_right_once_are_still_checked_when_they_change() -> None:
+    mlp = next(f for f in fixtures() if f.file == "mlp_ts14.onnx")
+    session = knopt.compile(mlp.path)
+    feeds = mlp.feeds()
+    first = session.run(None, feeds)
+    session.run(None, feeds)  # the names' check is remembered
+    with pytest.raises(InputError, match=r"unknown input\(s\) \['extra'\]"):
+        session.run(None, {**feeds, "extra": np.ones(2, np.float32)})
+    with pytest.raises(InputError, match=r"missing input\(s\)"):
+        session.run(None, {})
+    with pytest.raises(InputError, match=r"unknown output\(s\) \['probs'\]"):
+        session.run(["probs"], feeds)
+    (name,) = session.output_names
+    twice = session.run((name, name), feeds)
+    np.testing.assert_array_equal(twice[1], first[0])
 
 
 # ---- one optimized program for every size --------------------------------------------------

@@ -2,20 +2,32 @@
 
 Copies, events and stream capture use cuda.bindings. Every driver status passes through
 `check()`, which names the call.
+
+Work is only queued on the stream, never waited for, except where the host needs its result
+(a download, `sync`). Other streams are ordered against it with events (`wait_for`,
+`make_wait`), and host objects that queued work reads (GPU arrays of other libraries, whose
+memory their allocator would reuse once freed) are kept until that work is done (`hold`).
 """
 
 from __future__ import annotations
 
+import weakref
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from cuda import core
 from cuda.bindings import driver as cu
+from cuda.core.utils import StridedMemoryView
 
 from knopt.errors import CudaError
 
 DEFAULT_SHARED_LIMIT = 48 * 1024  # bytes of dynamic shared memory a kernel gets unasked
+VIEWS_KEPT = 64  # descriptions of device memory that `Gpu.dlpack` keeps for the next call
+STAGING_BYTES = 2 << 20  # pinned host memory that small uploads pass through (two halves)
+STAGED_MAX = 64 << 10  # uploads up to this size are staged; larger ones copy from where they are
+PAGE = 4096  # bytes of a host page (pinned memory starts on one)
 
 
 def check(call: str, result: Any) -> Any:
@@ -60,10 +72,16 @@ class Gpu:
             self.stream = self.device.create_stream()
         except Exception as err:  # cuda.core raises its own types; keep the message
             raise CudaError(f"cuda.core.Device({index})", None, str(err)) from err
+        self.index = index
         self.arch = f"sm_{self.device.arch}"
         self.stream_handle = int(self.stream.handle)
         self._cu_device = check("cuDeviceGet", cu.cuDeviceGet(index))
         self._buffers: list[Any] = []
+        self._marker: Any = None  # an event recorded, waited on, recorded again (wait_for)
+        self._held: deque[tuple[Any, tuple[Any, ...]]] = deque()  # (event, objects) of `hold`
+        self._spare: list[Any] = []  # events of `hold` whose work is done
+        self._views: dict[tuple[int, tuple[int, ...], np.dtype], Any] = {}  # see `dlpack`
+        self._staging: _Staging | None = None  # made at the first small upload
 
     @property
     def name(self) -> str:
@@ -88,13 +106,24 @@ class Gpu:
                 return
 
     def upload(self, address: int, array: np.ndarray) -> None:
-        """Copy a host array to device memory at `address`."""
+        """Copy a host array to device memory at `address`, without waiting for the GPU.
+
+        `array` may change as soon as this returns. A small array passes through pinned
+        memory: a copy from pageable memory may wait for the stream's queued work first.
+        """
         array = np.ascontiguousarray(array)
-        if array.nbytes:
-            check(
-                "cuMemcpyHtoDAsync",
-                cu.cuMemcpyHtoDAsync(address, array.ctypes.data, array.nbytes, self.stream.handle),
-            )
+        if not array.nbytes:
+            return
+        if array.nbytes <= STAGED_MAX:
+            if self._staging is None:
+                self._staging = _Staging()
+            source = self._staging.place(array, self.stream.handle)
+        else:
+            source = array.ctypes.data
+        check(
+            "cuMemcpyHtoDAsync",
+            cu.cuMemcpyHtoDAsync(address, source, array.nbytes, self.stream.handle),
+        )
 
     def download(self, address: int, array: np.ndarray) -> np.ndarray:
         """Fill contiguous host `array` from device memory at `address` (waits for the copy)."""
@@ -154,6 +183,83 @@ class Gpu:
     def sync(self) -> None:
         """Wait for everything queued on the stream."""
         check("cuStreamSynchronize", cu.cuStreamSynchronize(self.stream.handle))
+        while self._held:
+            self._spare.append(self._held.popleft()[0])
+
+    # ---- ordering against other streams ----------------------------------------------------
+
+    def wait_for(self, stream: int) -> None:
+        """Make the stream wait for the work queued on `stream` (a handle) so far.
+
+        The handles 1 and 2 are CUDA's legacy and per-thread default streams.
+        """
+        if stream != self.stream_handle:
+            self._order(cu.CUstream(stream), self.stream.handle)
+
+    def make_wait(self, stream: int) -> None:
+        """Make `stream` (a handle) wait for the work queued on the stream so far."""
+        if stream != self.stream_handle:
+            self._order(self.stream.handle, cu.CUstream(stream))
+
+    def _order(self, first: Any, then: Any) -> None:
+        # A wait takes the event as last recorded when it is queued, so one event serves
+        # every ordering: recording it again later does not move an earlier wait.
+        if self._marker is None:
+            self._marker = _event()
+        check("cuEventRecord", cu.cuEventRecord(self._marker, first))
+        check("cuStreamWaitEvent", cu.cuStreamWaitEvent(then, self._marker, 0))
+
+    def hold(self, objects: tuple[Any, ...]) -> None:
+        """Keep `objects` alive until the work queued on the stream so far is done.
+
+        A GPU array of another library that a queued run reads must outlive the run: freed
+        earlier, its allocator could hand its memory to work on another stream.
+        """
+        self._release_done()
+        event = self._spare.pop() if self._spare else _event()
+        check("cuEventRecord", cu.cuEventRecord(event, self.stream.handle))
+        self._held.append((event, objects))
+
+    def _release_done(self) -> None:
+        """Let go of the objects `hold` kept for work that is done (in queue order)."""
+        while self._held:
+            event = self._held[0][0]
+            result = cu.cuEventQuery(event)
+            status = result[0] if isinstance(result, tuple) else result
+            if status == cu.CUresult.CUDA_ERROR_NOT_READY:
+                return
+            check("cuEventQuery", status)
+            self._spare.append(self._held.popleft()[0])
+
+    def dlpack(self, address: int, shape: tuple[int, ...], dtype: np.dtype, versioned: bool) -> Any:
+        """A DLPack capsule of the device memory at `address` (the caller orders the streams).
+
+        The memory stays knopt's: the capsule neither owns nor frees it. Its description
+        (a cuda.core view) is made once per place, as a decoding loop hands over the same
+        output at every step.
+
+        Args:
+            address: Where the (contiguous) data starts.
+            shape: Its shape.
+            dtype: Its numpy dtype.
+            versioned: A DLPack 1.x capsule ("dltensor_versioned"), else a 0.x one.
+
+        Raises:
+            CudaError: If cuda.core cannot describe the memory.
+        """
+        key = (address, shape, dtype)
+        try:
+            view = self._views.get(key)
+            if view is None:
+                nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                buffer = core.Buffer.from_handle(address, nbytes)
+                view = StridedMemoryView.from_buffer(buffer, shape, dtype=dtype)
+                if len(self._views) >= VIEWS_KEPT:
+                    self._views.clear()
+                self._views[key] = view
+            return view.__dlpack__(max_version=(1, 0) if versioned else None)
+        except Exception as err:  # cuda.core raises its own types; keep the message
+            raise CudaError("StridedMemoryView.__dlpack__", None, str(err)) from err
 
     def begin_capture(self) -> None:
         """Start recording the stream's work into a CUDA graph."""
@@ -195,3 +301,50 @@ class Gpu:
         check("cuEventDestroy", cu.cuEventDestroy(start))
         check("cuEventDestroy", cu.cuEventDestroy(end))
         return float(milliseconds)
+
+
+class _Staging:
+    """Pinned host memory that small uploads pass through, in turn (a ring of two halves).
+
+    An upload is copied in, then queued from there; the next upload takes the memory after
+    it. Before the ring enters a half again, the host waits for the copies queued from that
+    half last time: they were queued a whole half of uploads ago, so they are long done.
+
+    Raises:
+        CudaError: If the memory cannot be pinned.
+    """
+
+    def __init__(self) -> None:
+        memory = np.empty(STAGING_BYTES + PAGE, np.uint8)
+        start = -memory.ctypes.data % PAGE
+        self.host = memory[start : start + STAGING_BYTES]
+        self.address = int(self.host.ctypes.data)
+        check("cuMemHostRegister", cu.cuMemHostRegister(self.address, STAGING_BYTES, 0))
+        # Unpin before numpy frees the memory, which would otherwise stay registered.
+        weakref.finalize(self, cu.cuMemHostUnregister, self.address)
+        self.offset = 0
+        self._left: list[Any] = [None, None]  # per half: an event recorded as the ring left it
+
+    def place(self, array: np.ndarray, stream: Any) -> int:
+        """Copy contiguous `array` in; returns its pinned address (to copy from on `stream`)."""
+        half = STAGING_BYTES // 2
+        size = -(-array.nbytes // 256) * 256
+        current = self.offset // half
+        if self.offset + size > (current + 1) * half:
+            other = 1 - current
+            if self._left[current] is None:
+                self._left[current] = _event()
+            check("cuEventRecord", cu.cuEventRecord(self._left[current], stream))
+            if self._left[other] is not None:
+                check("cuEventSynchronize", cu.cuEventSynchronize(self._left[other]))
+            self.offset = other * half
+        start = self.offset
+        self.host[start : start + array.nbytes] = array.reshape(-1).view(np.uint8)
+        self.offset = start + size
+        return self.address + start
+
+
+def _event() -> Any:
+    """A driver event for ordering (no timing, which makes recording it cheaper)."""
+    flags = cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+    return check("cuEventCreate", cu.cuEventCreate(flags))

@@ -13,6 +13,12 @@ Inputs come as numpy arrays (copied into the plan's input buffers) or as GPU arr
 DLPack or the CUDA array interface, used in place: a graph is captured for each set of their
 addresses run twice (a few captures are kept), and again when a pool has grown. Results are numpy
 arrays, or `DeviceArray`s over the output buffers, valid until the next run.
+
+A run that returns `DeviceArray`s does not wait for the GPU: it queues its work on the
+stream and returns. The streams stay in order without the host: a GPU feed's producer
+orders knopt's stream after its writes (DLPack's stream argument), a consumer of a result
+through DLPack has its stream ordered after the run (`DeviceArray.__dlpack__`), and the next
+run waits for what those consumers queued before overwriting the results (`ResultGuard`).
 """
 
 from __future__ import annotations
@@ -22,16 +28,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+from cuda.core.utils import StridedMemoryView
 
 from knopt.cuda import nvrtc
 from knopt.cuda.driver import DEFAULT_SHARED_LIMIT, Gpu
 from knopt.cuda.generic import KernelLibrary, Template
 from knopt.cuda.planner import Plan
 from knopt.cuda.steps import Buf, Conv, Gemm, Launch, describe_step, kernel_launches
-from knopt.errors import CudaError, InputError
+from knopt.errors import CudaError, InputError, ResultError
 from knopt.ir.shape import format_shape
 
 if TYPE_CHECKING:
@@ -46,36 +53,169 @@ GROWTH = 1.25  # a pool that must grow takes this much more than asked, for the 
 POOLS = ("arena", "output", "workspace")
 Binding = tuple[tuple[int, int], ...]  # (input buffer, external address) pairs
 _FALLBACK = Launch("fallback", "", (1, 1, 1), (1, 1, 1), ())  # stands for any fallback launch
+DLPACK_CUDA = 2  # DLPack's device type kDLCUDA
+LEGACY_STREAM = 1  # CUDA's legacy default stream, as DLPack and the driver name it
+_HOST = (np.ndarray, np.generic, list, tuple, float, int)  # feeds that are on the host
 
 
-@dataclass(frozen=True)
+class ResultGuard:
+    """Which run's results a runtime's output pool holds, and which streams are reading them.
+
+    Every run of a runtime's plans writes the same output pool, so each run overwrites the
+    results of the one before. A result handed over through DLPack orders the consumer's
+    stream after the run that made it (`lend`); the next run first waits for the work those
+    streams have queued by then (`begin_run`), so that it overwrites nothing being read.
+
+    Attributes:
+        run: Counts the runs; a result knows the run that made it.
+    """
+
+    def __init__(self, gpu: Gpu) -> None:
+        self.gpu = gpu
+        self.run = 0
+        self._readers: set[int] = set()
+
+    def settle(self) -> None:
+        """Make the stream wait for the streams reading the results, before they are reused.
+
+        Call it before queuing anything that overwrites or frees the output pool.
+        """
+        for stream in self._readers:
+            self.gpu.wait_for(stream)
+        self._readers.clear()
+
+    def begin_run(self) -> None:
+        """Start a run, after the work of the streams reading the results it overwrites."""
+        self.settle()
+        self.run += 1
+
+    def forget(self) -> None:
+        """Make every result handed out stale, once read: its memory is going away."""
+        self.settle()
+        self.run += 1
+
+    def lend(self, run: int, stream: int) -> None:
+        """Order `stream` (a handle) after run `run`, whose result it is about to read.
+
+        Raises:
+            ResultError: If a later run has overwritten the result.
+        """
+        self.check(run)
+        if stream != self.gpu.stream_handle:
+            self.gpu.make_wait(stream)
+            self._readers.add(stream)
+
+    def check(self, run: int) -> None:
+        """Refuse a result of run `run` if a later run has overwritten it.
+
+        Raises:
+            ResultError: If so.
+        """
+        if run != self.run:
+            raise ResultError(
+                f"this result of run {run} was overwritten by run {self.run}: a result left on "
+                "the GPU (device_outputs=True) is valid until the next run (copy it to keep it, "
+                "such as torch.from_dlpack(result).clone())"
+            )
+
+
+@dataclass(frozen=True, eq=False)
 class DeviceArray:
-    """A result left on the GPU (valid until the session's next run).
+    """A result left on the GPU, valid until the next run of its session.
 
-    It speaks the CUDA array interface, so `torch.as_tensor(a, device="cuda")` and
-    `cupy.asarray(a)` take it without a copy.
+    Through DLPack (`torch.from_dlpack(a)`, `cupy.from_dlpack(a)`) it is handed over without a
+    copy and without waiting on the host: the consumer's stream waits for the run that made
+    it, and the session's next run waits for what that stream has queued by then.
+
+    It also speaks the CUDA array interface (`torch.as_tensor(a)`, `cupy.asarray(a)`). That
+    interface cannot order the consumer (torch ignores its stream), so it first waits on the
+    host for the run. `numpy()` copies it to the host, which waits for the run too.
+
+    Attributes:
+        address: Where its (contiguous) data starts on the GPU.
+        shape: Its shape.
+        dtype: Its numpy dtype.
+        guard: The guard of the output pool it lives in.
+        run: The run that made it (a count of `guard`'s).
     """
 
     address: int
     shape: tuple[int, ...]
     dtype: np.dtype
-    stream: int
-    gpu: Gpu
+    guard: ResultGuard
+    run: int
+
+    @property
+    def gpu(self) -> Gpu:
+        """The GPU it lives on."""
+        return self.guard.gpu
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """The CUDA array interface (version 3)."""
+        """The CUDA array interface (version 3), given once the run is done on the GPU.
+
+        Raises:
+            ResultError: If a later run has overwritten the result.
+        """
+        self.guard.check(self.run)
+        self.gpu.sync()
         return {
             "shape": self.shape,
             "typestr": self.dtype.str,
             "data": (self.address, False),
             "version": 3,
             "strides": None,
-            "stream": self.stream,
+            "stream": None,  # the data is ready: the consumer need not synchronize
         }
 
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """A DLPack capsule of the result, with `stream` ordered after the run that made it.
+
+        Args:
+            stream: The consumer's stream handle: None or 1 for CUDA's legacy default stream,
+                2 for the per-thread default stream, -1 for none (the consumer orders itself).
+            max_version: The newest DLPack version the consumer reads.
+            dl_device: The device the consumer wants the data on: only its own is possible.
+            copy: True is refused: knopt hands over its buffer, never a copy.
+
+        Raises:
+            ResultError: If a later run has overwritten the result, or for another device,
+                a copy, the ambiguous stream 0 or a dtype cuda.core does not export (bfloat16).
+        """
+        device = self.__dlpack_device__()
+        if dl_device is not None and tuple(dl_device) != device:
+            raise ResultError(f"a result on DLPack device {device} cannot go to {dl_device}")
+        if copy:
+            raise ResultError("knopt hands over its buffer, not a copy (copy=True)")
+        if stream == 0:
+            raise ResultError("DLPack stream 0 is ambiguous on CUDA (1 is the default stream)")
+        if self.dtype.kind not in "biufc":
+            raise ResultError(f"a {self.dtype} result has no DLPack export here: use numpy()")
+        if stream == -1:
+            self.guard.check(self.run)
+        else:
+            self.guard.lend(self.run, LEGACY_STREAM if stream is None else stream)
+        versioned = max_version is not None and tuple(max_version) >= (1, 0)
+        return self.gpu.dlpack(self.address, self.shape, self.dtype, versioned)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """DLPack's (device type, device id) of the result: (kDLCUDA, the GPU's index)."""
+        return (DLPACK_CUDA, self.gpu.index)
+
     def numpy(self) -> np.ndarray:
-        """A host copy."""
+        """A host copy (waits for the run).
+
+        Raises:
+            ResultError: If a later run has overwritten the result.
+        """
+        self.guard.check(self.run)
         return self.gpu.download(self.address, np.empty(self.shape, self.dtype))
 
 
@@ -136,6 +276,7 @@ class Runtime:
         self.weights = 0
         self.resident = 0
         self.resident_generation = 0  # the resident region moves when caches grow
+        self.guard = ResultGuard(self.gpu)
         self._shared: dict[str, int] = {}
         self.blas: Blas | None = None  # made when a plan first calls cuBLASLt
         self.dnn: Dnn | None = None  # made when a plan first calls cuDNN
@@ -230,6 +371,7 @@ class Runtime:
 
     def close(self) -> None:
         """Free the memory the runtime holds (its plans' executables are closed first)."""
+        self.guard.forget()
         for address in (self.weights, self.resident, *(p.address for p in self.pools.values())):
             if address:
                 self.gpu.release(address)
@@ -279,6 +421,33 @@ def _canonical(step: Gemm | Conv) -> tuple[Gemm | Conv, dict[int, int]]:
     return conv, ids
 
 
+@dataclass(frozen=True)
+class _Feed:
+    """One input of a plan, as `Executable._bind` fills it.
+
+    Attributes:
+        buffer: The plan's buffer of the input (bound to a GPU feed's address).
+        address: That buffer's own memory, in the input region (numpy feeds are copied there).
+        strides: The dense strides, in elements and in bytes (views give either).
+    """
+
+    name: str
+    buffer: int
+    address: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    nbytes: int
+    strides: tuple[tuple[int, ...], ...]
+
+
+class _Place(NamedTuple):
+    """Where an output of a plan lies."""
+
+    address: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
 class Executable:
     """A plan made ready on one GPU.
 
@@ -308,15 +477,21 @@ class Executable:
         workspace = max([getattr(p, "workspace", 0) for p, _ in self.library.values() if p] + [0])
         self.workspace_bytes = workspace
         pools = self.runtime.pools
+        generations = self.runtime.generations()
+        self.runtime.guard.settle()  # a pool that grows frees the memory results are read from
         pools["workspace"].reserve(workspace)
         pools["arena"].reserve(plan.region_bytes.get("arena", 0))
         pools["output"].reserve(plan.region_bytes.get("output", 0))
+        if self.runtime.generations() != generations:
+            self.runtime.guard.forget()  # the results handed out lived in the old pools
         self.runtime.upload_weights(plan)
         self.inputs = self.gpu.allocate(plan.region_bytes.get("input", 0))
         for buffer_id, data in plan.constants.items():
             if plan.buffers[buffer_id].region == "input":
                 self.gpu.upload(self.inputs + plan.buffers[buffer_id].offset, data)
-        self.input_buffers = {name: plan.tensors[tid].buffer for name, tid in plan.inputs}
+        self.feeds = [self._feed(name, tid) for name, tid in plan.inputs]
+        self._accepted: dict[str, tuple[Any, ...]] = {}  # each GPU feed's last checked view
+        self._places: tuple[tuple[int, ...], list[_Place]] | None = None  # by generations
         self._graphs: OrderedDict[tuple[Binding, tuple[int, ...]], Any] = OrderedDict()
         self._eager: OrderedDict[tuple[Binding, tuple[int, ...]], None] = OrderedDict()
         self._last: tuple[tuple[Binding, tuple[int, ...]], dict[int, int]] | None = None
@@ -424,18 +599,23 @@ class Executable:
         """Run the plan on `feeds` (by input name); returns the outputs in order.
 
         The first run with these input addresses launches eagerly; the second captures a
-        CUDA graph (then replays it), and later ones replay it.
+        CUDA graph (then replays it), and later ones replay it. With `device_outputs`, the run
+        is queued on the GPU and not waited for (see the module's docstring): the
+        `DeviceArray`s returned order their consumers after it.
 
         Raises:
             InputError: If a feed is missing or of the wrong shape or dtype.
             CudaError: If a CUDA call fails.
         """
-        bound = self._bind(feeds)
-        key = (tuple(sorted(bound.items())), self.runtime.generations())
+        bound, external = self._bind(feeds)
+        self.runtime.guard.begin_run()
+        generations = self.runtime.generations()
+        key = (tuple(bound.items()), generations)  # in the plan's input order: canonical
         self._last = key, bound
-        if key in self._graphs:
+        graph = self._graphs.get(key)
+        if graph is not None:
             self._graphs.move_to_end(key)
-            self.gpu.replay(self._graphs[key])
+            self.gpu.replay(graph)
         elif key in self._eager:
             del self._eager[key]
             self._capture(key, bound)
@@ -446,7 +626,9 @@ class Executable:
             self._eager[key] = None
             while len(self._eager) > EAGER_KEPT:
                 self._eager.popitem(last=False)
-        return self._results(device_outputs)
+        if external:
+            self.gpu.hold(external)
+        return self._results(device_outputs, generations)
 
     def replay(self) -> None:
         """Replay the graph of the last run's inputs (for timing), captured if need be.
@@ -476,56 +658,88 @@ class Executable:
             _, old = self._graphs.popitem(last=False)
             self.gpu.release_graph(old)
 
-    def _bind(self, feeds: Mapping[str, Any]) -> dict[int, int]:
-        bound: dict[int, int] = {}
-        for name, tid in self.plan.inputs:
-            tensor = self.plan.tensors[tid]
-            if name not in feeds:
-                raise InputError(
-                    f"input '{name}' is missing (expected "
-                    f"{tensor.dtype.numpy}{format_shape(tensor.shape)})"
-                )
-            value = feeds[name]
-            address = _device_address(
-                value, tensor.shape, tensor.dtype.numpy, name, self.gpu.stream_handle
-            )
-            if address is not None and address % ALIGNMENT == 0:
-                bound[tensor.buffer] = address
-                continue
-            if address is not None:
-                self.gpu.copy(
-                    self._buffer_address(tensor.buffer),
-                    address,
-                    tensor.layout.numel * tensor.dtype.itemsize,
-                )
-                continue
-            array = np.asarray(value)
-            if array.shape != tensor.shape or array.dtype != tensor.dtype.numpy:
-                raise InputError(
-                    f"input '{name}' is {array.dtype}{list(array.shape)}, expected "
-                    f"{tensor.dtype.numpy}{format_shape(tensor.shape)}"
-                )
-            self.gpu.upload(self._buffer_address(tensor.buffer), array)
-        return bound
+    def _feed(self, name: str, tid: int) -> _Feed:
+        tensor = self.plan.tensors[tid]
+        dtype = tensor.dtype.numpy
+        return _Feed(
+            name,
+            tensor.buffer,
+            self._buffer_address(tensor.buffer),
+            tensor.shape,
+            dtype,
+            tensor.layout.numel * dtype.itemsize,
+            (_dense(tensor.shape, 1), _dense(tensor.shape, dtype.itemsize)),
+        )
 
-    def _results(self, device_outputs: bool) -> list[Any]:
-        results: list[Any] = []
-        for _, tid in self.plan.outputs:
-            tensor = self.plan.tensors[tid]
-            address = self._address(tid, {})
-            if device_outputs:
-                results.append(
-                    DeviceArray(
-                        address, tensor.shape, tensor.dtype.numpy, self.gpu.stream_handle, self.gpu
+    def _bind(self, feeds: Mapping[str, Any]) -> tuple[dict[int, int], tuple[Any, ...]]:
+        """Fill the plan's inputs: (buffers bound to GPU feeds' addresses, the GPU feeds)."""
+        bound: dict[int, int] = {}
+        external: list[Any] = []
+        stream = self.gpu.stream_handle
+        for feed in self.feeds:
+            if feed.name not in feeds:
+                raise InputError(
+                    f"input '{feed.name}' is missing (expected "
+                    f"{feed.dtype}{format_shape(feed.shape)})"
+                )
+            value = feeds[feed.name]
+            view = _gpu_view(value, feed.name, stream)
+            if view is None:
+                array = np.asarray(value)
+                if array.shape != feed.shape or array.dtype != feed.dtype:
+                    raise InputError(
+                        f"input '{feed.name}' is {array.dtype}{list(array.shape)}, expected "
+                        f"{feed.dtype}{format_shape(feed.shape)}"
                     )
-                )
+                self.gpu.upload(feed.address, array)
+                continue
+            address = self._checked(feed, view)
+            external.append(value)
+            if address % ALIGNMENT == 0:
+                bound[feed.buffer] = address
             else:
-                results.append(
-                    self.gpu.download(address, np.empty(tensor.shape, tensor.dtype.numpy))
+                self.gpu.copy(feed.address, address, feed.nbytes)
+        return bound, tuple(external)
+
+    def _checked(self, feed: _Feed, view: StridedMemoryView) -> int:
+        """The address of a GPU feed, once its shape, dtype and strides are found right.
+
+        A decoding loop feeds arrays alike every step: each input's last view found right
+        is remembered, and a view like it is not checked again.
+
+        Raises:
+            InputError: If the view is of another shape or dtype, or strided.
+        """
+        seen = (view.shape, view.strides, view.dtype)
+        if self._accepted.get(feed.name) != seen:
+            shape, strides, dtype = seen
+            if tuple(shape) != feed.shape or np.dtype(dtype) != feed.dtype:
+                raise InputError(
+                    f"input '{feed.name}' is {dtype}{list(shape)}, expected "
+                    f"{feed.dtype}{format_shape(feed.shape)}"
                 )
+            if strides is not None and tuple(strides) not in feed.strides:
+                raise InputError(
+                    f"input '{feed.name}' is strided {tuple(strides)}; pass a contiguous array"
+                )
+            self._accepted[feed.name] = seen
+        return int(view.ptr)
+
+    def _results(self, device_outputs: bool, generations: tuple[int, ...]) -> list[Any]:
+        if self._places is None or self._places[0] != generations:
+            places = [
+                _Place(
+                    self._address(tid, {}),
+                    self.plan.tensors[tid].shape,
+                    self.plan.tensors[tid].dtype.numpy,
+                )
+                for _, tid in self.plan.outputs
+            ]
+            self._places = (generations, places)
         if device_outputs:
-            self.gpu.sync()
-        return results
+            guard = self.runtime.guard
+            return [DeviceArray(*place, guard, guard.run) for place in self._places[1]]
+        return [self.gpu.download(p.address, np.empty(p.shape, p.dtype)) for p in self._places[1]]
 
     def describe(self) -> str:
         """The steps, one per line, with what the libraries decided."""
@@ -552,34 +766,21 @@ def _library_call(
     return call
 
 
-def _device_address(
-    value: Any, shape: Sequence[int], dtype: np.dtype, name: str, stream: int
-) -> int | None:
-    """The address of a GPU array feed (checked against the expected type), else None."""
-    if isinstance(value, np.ndarray | np.generic | list | tuple | float | int):
+def _gpu_view(value: Any, name: str, stream: int) -> StridedMemoryView | None:
+    """A view of a GPU array feed, with `stream` ordered after its producer's work; else None.
+
+    Raises:
+        InputError: If the producer refuses to be viewed.
+    """
+    if isinstance(value, _HOST):
         return None
     if not (hasattr(value, "__dlpack__") or hasattr(value, "__cuda_array_interface__")):
         return None
-    from cuda.core.utils import StridedMemoryView
-
     try:
         view = StridedMemoryView.from_any_interface(value, stream_ptr=stream)
     except Exception as err:  # BufferError, or the producer's own error
         raise InputError(f"input '{name}': cannot view it as a GPU array ({err})") from err
-    if not view.is_device_accessible:
-        return None
-    if tuple(view.shape) != tuple(shape) or np.dtype(view.dtype) != dtype:
-        raise InputError(
-            f"input '{name}' is {view.dtype}{list(view.shape)}, expected "
-            f"{dtype}{format_shape(tuple(shape))}"
-        )
-    strides = view.strides
-    if strides is not None and tuple(strides) not in (
-        _dense(shape, 1),
-        _dense(shape, dtype.itemsize),
-    ):
-        raise InputError(f"input '{name}' is strided {tuple(strides)}; pass a contiguous array")
-    return int(view.ptr)
+    return view if view.is_device_accessible else None
 
 
 def _dense(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
@@ -590,4 +791,4 @@ def _dense(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-__all__ = ["CudaError", "DeviceArray", "Executable", "Runtime"]
+__all__ = ["CudaError", "DeviceArray", "Executable", "ResultGuard", "Runtime"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ from knopt.ir.graph import Graph, Value
 from knopt.ir.shape import Sym, bind
 
 BUCKET = 64  # rows per bucket of cached lengths: one plan serves BUCKET decoding steps
+SHAPES_KEPT = 64  # sets of input shapes (and buckets of each) whose sizes `CacheSteps` keeps
 
 
 @dataclass(frozen=True)
@@ -68,12 +70,12 @@ class CacheLayout:
     rows: int = 0
     limit: int = 0
 
-    @property
+    @cached_property
     def inputs(self) -> frozenset[str]:
         """The resident inputs' names."""
         return frozenset(s.input for s in self.slots)
 
-    @property
+    @cached_property
     def outputs(self) -> frozenset[str]:
         """The resident outputs' names."""
         return frozenset(s.output for s in self.slots)
@@ -181,34 +183,115 @@ def cache_step(
         InputError: If the inputs disagree on a size or the mask does not cover the cache and
             the new positions.
     """
-    sizes: dict[str, int] = {}
-    for name, value in zip(graph.input_names, graph.inputs, strict=True):
-        if name not in shapes:
-            continue
-        for dim, size in zip(value.shape, shapes[name], strict=False):
-            symbol = dim.as_symbol() if isinstance(dim, Sym) else None
-            if symbol is not None and sizes.setdefault(symbol, size) != size:
-                raise InputError(
-                    f"input '{name}': size '{symbol}' is {size} here but {sizes[symbol]} "
-                    "in another input"
-                )
-    if layout.new not in sizes:
-        raise InputError(f"no input gives the number of new positions ('{layout.new}')")
-    added = sizes[layout.new]
-    planned = layout.planned_length(length, added)
-    actual = {**sizes, layout.past: length}
-    if layout.mask is not None:
-        width = shapes[layout.mask][-1]
-        if width != length + added:
+    return CacheSteps(graph, layout).step(shapes, length)
+
+
+class CacheSteps:
+    """`cache_step` of one graph and layout, remembering what depends only on the shapes.
+
+    A decoding loop feeds the same shapes at every step but for the mask, which grows by one
+    position: the sizes that the shapes name are found once per set of shapes (the mask's
+    last axis left out), and the sizes a run is planned for once per bucket, so a step costs
+    a few dictionary lookups. The planned sizes of a bucket are one shared mapping: read it,
+    never change it.
+    """
+
+    def __init__(self, graph: Graph, layout: CacheLayout) -> None:
+        self.layout = layout
+        self._symbols = {
+            name: _named_axes(value)
+            for name, value in zip(graph.input_names, graph.inputs, strict=True)
+        }
+        self._mask_symbol: str | None = None
+        if layout.mask is not None:
+            mask = graph.inputs[graph.input_names.index(layout.mask)]
+            self._mask_symbol = dict(_named_axes(mask)).get(mask.rank - 1)
+        self._named: dict[tuple[Any, ...], dict[str, int]] = {}
+        self._planned: dict[tuple[Any, ...], dict[str, int]] = {}
+
+    def step(self, shapes: Mapping[str, tuple[int, ...]], length: int) -> CacheStep:
+        """The sizes of a run on inputs of `shapes` (resident ones left out) after `length`.
+
+        Raises:
+            InputError: If the inputs disagree on a size or the mask does not cover the cache
+                and the new positions.
+        """
+        layout = self.layout
+        width = shapes[layout.mask][-1] if layout.mask is not None else 0
+        key = tuple(
+            (name, shape[:-1] if name == layout.mask else shape) for name, shape in shapes.items()
+        )
+        named = self._named.get(key)
+        if named is None:
+            named = self._named_sizes(shapes)
+            _bounded(self._named)[key] = named
+        mask_symbol = self._mask_symbol
+        if mask_symbol is not None and named.get(mask_symbol, width) != width:
             raise InputError(
-                f"input '{layout.mask}' covers {width} positions; the cache holds {length} "
-                f"and the run adds {added}, so it must cover {length + added}"
+                f"input '{layout.mask}': size '{mask_symbol}' is {width} here but "
+                f"{named[mask_symbol]} in another input"
             )
-        mask_dim = graph.inputs[graph.input_names.index(layout.mask)].shape[-1]
-        if isinstance(mask_dim, Sym) and (symbol := mask_dim.as_symbol()) is not None:
-            sizes[symbol] = planned + added
-    sizes[layout.past] = planned
-    return CacheStep(length, added, planned, sizes, actual)
+        if layout.new not in named:
+            raise InputError(f"no input gives the number of new positions ('{layout.new}')")
+        added = named[layout.new]
+        planned = layout.planned_length(length, added)
+        actual = {**named, layout.past: length}
+        if layout.mask is not None:
+            if width != length + added:
+                raise InputError(
+                    f"input '{layout.mask}' covers {width} positions; the cache holds {length} "
+                    f"and the run adds {added}, so it must cover {length + added}"
+                )
+            if mask_symbol is not None:
+                actual[mask_symbol] = width
+        sizes = self._planned.get((key, planned))
+        if sizes is None:
+            sizes = dict(named)
+            if mask_symbol is not None:
+                sizes[mask_symbol] = planned + added
+            sizes[layout.past] = planned
+            _bounded(self._planned)[key, planned] = sizes
+        return CacheStep(length, added, planned, sizes, actual)
+
+    def _named_sizes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+        """The sizes the inputs' shapes name (but the mask's last axis).
+
+        Raises:
+            InputError: If two inputs disagree on a size.
+        """
+        sizes: dict[str, int] = {}
+        for name, symbols in self._symbols.items():
+            shape = shapes.get(name)
+            if shape is None:
+                continue
+            rank = len(shape) - 1 if name == self.layout.mask else len(shape)
+            for axis, symbol in symbols:
+                if axis >= rank:
+                    continue
+                size = shape[axis]
+                if sizes.setdefault(symbol, size) != size:
+                    raise InputError(
+                        f"input '{name}': size '{symbol}' is {size} here but {sizes[symbol]} "
+                        "in another input"
+                    )
+        return sizes
+
+
+def _named_axes(value: Value) -> tuple[tuple[int, str], ...]:
+    """(axis, symbol) of each axis of `value` whose size is a plain symbol."""
+    found = []
+    for axis, dim in enumerate(value.shape):
+        symbol = dim.as_symbol() if isinstance(dim, Sym) else None
+        if symbol is not None:
+            found.append((axis, symbol))
+    return tuple(found)
+
+
+def _bounded(memo: dict[Any, Any]) -> dict[Any, Any]:
+    """`memo`, emptied when it holds more than a few buckets of SHAPES_KEPT shapes."""
+    if len(memo) > 4 * SHAPES_KEPT:
+        memo.clear()
+    return memo
 
 
 def decoding_steps(graph: Graph, layout: CacheLayout, step: CacheStep) -> list[CacheStep]:
@@ -249,8 +332,11 @@ def widen_mask(mask: Any, step: CacheStep) -> np.ndarray:
     mask = np.asarray(mask)
     if step.planned == step.length:
         return mask
-    pad = np.zeros((*mask.shape[:-1], step.planned - step.length), mask.dtype)
-    return np.concatenate([mask[..., : step.length], pad, mask[..., step.length :]], axis=-1)
+    widened = np.empty((*mask.shape[:-1], step.planned + step.added), mask.dtype)
+    widened[..., : step.length] = mask[..., : step.length]
+    widened[..., step.length : step.planned] = 0
+    widened[..., step.planned :] = mask[..., step.length :]
+    return widened
 
 
 def cache_shape(graph: Graph, slot: CacheSlot, sizes: Mapping[str, int], rows: int) -> list[int]:

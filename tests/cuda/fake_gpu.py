@@ -2,8 +2,10 @@
 
 It allocates addresses, keeps uploads, and checks each launch against the kernel's C
 signature (the number of arguments, and pointers against scalars of the declared types), so
-the runner's and executor's Python paths run on any machine. Nothing is computed: downloads
-return zeros. Library plans (cuBLASLt, cuDNN) are replaced by `FakeLibraryPlan`s.
+the runner's and executor's Python paths run on any machine. It logs how its stream is
+ordered against others (`stream_log`) and what it holds for queued work. Nothing is
+computed: downloads return zeros, DLPack capsules hold zeros. Library plans (cuBLASLt,
+cuDNN) are replaced by `FakeLibraryPlan`s.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class FakeGpu:
     """Records allocations, uploads, launches and captures."""
 
     arch: str = "sm_90"
+    index: int = 0
     stream_handle: int = 7
     next_address: int = 1 << 20
     live: dict[int, int] = field(default_factory=dict)
@@ -54,7 +57,10 @@ class FakeGpu:
     launches: list[tuple[str, tuple[int, int, int], list[Any]]] = field(default_factory=list)
     captures: int = 0
     replays: int = 0
+    syncs: int = 0
     kernels: dict[str, list[str]] = field(default_factory=dict)
+    stream_log: list[tuple[str, int]] = field(default_factory=list)  # (call, stream or address)
+    held: list[tuple[Any, ...]] = field(default_factory=list)
 
     def allocate(self, nbytes: int) -> int:
         address = self.next_address
@@ -65,6 +71,7 @@ class FakeGpu:
     def release(self, address: int) -> None:
         assert address in self.live, f"freeing {address:#x}, which is not allocated"
         del self.live[address]
+        self.stream_log.append(("release", address))
 
     def upload(self, address: int, array: np.ndarray) -> None:
         self._check_inside(address, np.asarray(array).nbytes)
@@ -108,7 +115,24 @@ class FakeGpu:
         self.launches.append((kernel, grid, list(args)))
 
     def sync(self) -> None:
-        pass
+        self.syncs += 1
+        self.held.clear()
+        self.stream_log.append(("sync", self.stream_handle))
+
+    def wait_for(self, stream: int) -> None:
+        if stream != self.stream_handle:
+            self.stream_log.append(("wait_for", stream))
+
+    def make_wait(self, stream: int) -> None:
+        if stream != self.stream_handle:
+            self.stream_log.append(("make_wait", stream))
+
+    def hold(self, objects: tuple[Any, ...]) -> None:
+        self.held.append(objects)
+
+    def dlpack(self, address: int, shape: tuple[int, ...], dtype: np.dtype, versioned: bool) -> Any:
+        self._check_inside(address, int(np.prod(shape)) * dtype.itemsize)
+        return np.zeros(shape, dtype).__dlpack__(max_version=(1, 0) if versioned else None)
 
     def begin_capture(self) -> None:
         pass
@@ -122,9 +146,15 @@ class FakeGpu:
 
     def replay(self, executable: Any) -> None:
         self.replays += 1
+        self.stream_log.append(("replay", self.stream_handle))
 
     def release_graph(self, executable: Any) -> None:
         pass
+
+    def device_array(self, array: np.ndarray) -> FakeDeviceArray:
+        """`array` as another library's GPU array comes (DLPack, on device 0), in place."""
+        self.live[array.ctypes.data] = max(array.nbytes, 1)
+        return FakeDeviceArray(array)
 
     def _inside(self, address: int) -> bool:
         return any(start <= address < start + max(n, 1) for start, n in self.live.items())
@@ -135,6 +165,36 @@ class FakeGpu:
                 start <= address and address + nbytes <= start + max(n, 256)
                 for start, n in self.live.items()
             ), f"{nbytes} bytes at {address:#x} are outside every allocation"
+
+
+@dataclass(eq=False)
+class FakeDeviceArray:
+    """A host array that says it is on the GPU, as a torch CUDA tensor does through DLPack.
+
+    Attributes:
+        streams: The consumer streams it was asked for (its producer orders each after it).
+    """
+
+    array: np.ndarray
+    streams: list[int | None] = field(default_factory=list)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.array.shape
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, 0)
+
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        self.streams.append(stream)
+        return self.array.__dlpack__(max_version=max_version)
 
 
 @dataclass

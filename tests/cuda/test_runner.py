@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ import knopt
 pytest.importorskip("cuda.core", reason="the cuda runner needs cuda-python (not a GPU)")
 
 from knopt.cuda import nvrtc
+from knopt.cuda.executor import DeviceArray
 from knopt.cuda.runner import PROGRAMS_KEPT, SIZES_KEPT, CudaRunner, probe_sizes, warm_sizes
 from knopt.ir.bind import bind_program
 from knopt.ir.dims import SizeProfile
@@ -220,3 +222,154 @@ def test_a_second_prompt_plans_nothing_again(gpu: FakeGpu, monkeypatch: pytest.M
     assert first > 0
     generate()  # the prefill warms the decoding steps again: they are planned already
     assert len(plans) == first
+
+
+def _decoding_session() -> knopt.Session:
+    return knopt.compile(
+        DECODER,
+        "cuda",
+        dims={"batch": (1, 1, 2), "seq": (1, 4, 8), "past": (0, 8, 100)},
+        resident=CACHES,
+        cache_mask="attention_mask",
+    )
+
+
+def _prefill(session: knopt.Session) -> None:
+    session.run(
+        ["logits"],
+        {
+            "input_ids": np.ones((1, 4), np.int64),
+            "attention_mask": np.ones((1, 4), np.int64),
+            "position_ids": np.arange(4)[None],
+        },
+        device_outputs=True,
+    )
+
+
+def _decode(session: knopt.Session, gpu: FakeGpu, position: int, ids: object = None) -> DeviceArray:
+    feeds = {
+        "input_ids": ids if ids is not None else np.ones((1, 1), np.int64),
+        "attention_mask": np.ones((1, position + 1), np.int64),
+        "position_ids": np.array([[position]]),
+    }
+    (logits,) = session.run(["logits"], feeds, device_outputs=True)
+    assert isinstance(logits, DeviceArray)
+    return logits
+
+
+def test_decoding_steps_with_device_outputs_never_wait_for_the_gpu(gpu: FakeGpu) -> None:
+    session = _decoding_session()
+    _prefill(session)
+    _decode(session, gpu, 4)  # the bucket's first step runs eagerly, then captures
+    syncs, replays = gpu.syncs, gpu.replays
+    for position in range(5, 40):
+        _decode(session, gpu, position)
+    assert gpu.syncs == syncs
+    assert gpu.replays == replays + 35
+
+
+def test_a_result_orders_its_dlpack_consumer_and_the_next_run_waits_for_it(
+    gpu: FakeGpu,
+) -> None:
+    session = _decoding_session()
+    _prefill(session)
+    _decode(session, gpu, 4)
+    logits = _decode(session, gpu, 5)
+    gpu.stream_log.clear()
+    assert logits.__dlpack_device__() == (2, 0)
+    logits.__dlpack__(stream=11, max_version=(1, 0))
+    logits.__dlpack__()  # None: the legacy default stream
+    assert gpu.stream_log == [("make_wait", 11), ("make_wait", 1)]
+    _decode(session, gpu, 6)
+    waits = {entry for entry in gpu.stream_log if entry[0] == "wait_for"}
+    assert waits == {("wait_for", 11), ("wait_for", 1)}
+    assert gpu.stream_log.index(("wait_for", 11)) < gpu.stream_log.index(("replay", 7))
+    gpu.stream_log.clear()
+    _decode(session, gpu, 7)  # nobody took the last result: nothing to wait for
+    assert [e for e in gpu.stream_log if e[0] == "wait_for"] == []
+
+
+def test_an_output_pool_read_by_a_consumer_is_freed_only_after_it(gpu: FakeGpu) -> None:
+    session = _decoding_session()
+    _prefill(session)
+    logits = _decode(session, gpu, 4)
+    logits.__dlpack__(stream=11)
+    old = session._cuda.state(session._program()).runtime.pools["output"].address
+    gpu.stream_log.clear()
+    session.reset()
+    prompt = {
+        "input_ids": np.ones((1, 8), np.int64),
+        "attention_mask": np.ones((1, 8), np.int64),
+        "position_ids": np.arange(8)[None],
+    }
+    session.run(["logits"], prompt, device_outputs=True)  # longer logits: the pool grows
+    assert gpu.stream_log.index(("wait_for", 11)) < gpu.stream_log.index(("release", old))
+    with pytest.raises(knopt.ResultError):
+        logits.__dlpack__(stream=11)
+
+
+def test_a_result_taken_without_ordering_or_on_knopts_stream_adds_no_wait(gpu: FakeGpu) -> None:
+    session = _decoding_session()
+    _prefill(session)
+    logits = _decode(session, gpu, 4)
+    gpu.stream_log.clear()
+    logits.__dlpack__(stream=-1)
+    logits.__dlpack__(stream=gpu.stream_handle)
+    _decode(session, gpu, 5)
+    assert [e for e in gpu.stream_log if e[0] in ("wait_for", "make_wait")] == []
+
+
+def test_a_result_overwritten_by_a_later_run_is_refused(gpu: FakeGpu) -> None:
+    session = _decoding_session()
+    _prefill(session)
+    old = _decode(session, gpu, 4)
+    _decode(session, gpu, 5)
+    with pytest.raises(knopt.ResultError, match="overwritten"):
+        old.__dlpack__(stream=11)
+    with pytest.raises(BufferError):
+        old.__dlpack__(stream=-1)
+    with pytest.raises(knopt.ResultError):
+        old.numpy()
+    with pytest.raises(knopt.ResultError):
+        old.__cuda_array_interface__  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [{"stream": 0}, {"dl_device": (1, 0)}, {"dl_device": (2, 1)}, {"copy": True}],
+    ids=["stream 0", "to the host", "to another GPU", "a copy"],
+)
+def test_dlpack_requests_knopt_cannot_serve_are_refused(
+    gpu: FakeGpu, request_: dict[str, Any]
+) -> None:
+    session = _decoding_session()
+    _prefill(session)
+    logits = _decode(session, gpu, 4)
+    with pytest.raises(knopt.ResultError):
+        logits.__dlpack__(**request_)
+    logits.__dlpack__(stream=5, dl_device=(2, 0), copy=False)
+
+
+def test_the_cuda_array_interface_waits_for_the_run_on_the_host(gpu: FakeGpu) -> None:
+    session = _decoding_session()
+    _prefill(session)
+    logits = _decode(session, gpu, 4)
+    syncs = gpu.syncs
+    interface = logits.__cuda_array_interface__
+    assert gpu.syncs == syncs + 1
+    assert interface["stream"] is None  # ready: torch.as_tensor ignores a stream anyway
+    assert interface["shape"] == (1, 1, 64)
+
+
+def test_gpu_feeds_are_viewed_in_order_and_held_until_their_run_is_done(gpu: FakeGpu) -> None:
+    session = _decoding_session()
+    _prefill(session)
+    ids = gpu.device_array(np.ones((1, 1), np.int64))
+    _decode(session, gpu, 4, ids)
+    gpu.held.clear()
+    _decode(session, gpu, 5, ids)
+    assert ids.streams[-1] == gpu.stream_handle  # its producer orders knopt's stream after it
+    assert gpu.held == [(ids,)]
+    wrong = gpu.device_array(np.ones((1, 1), np.int32))  # checked though a view passed before
+    with pytest.raises(knopt.InputError, match="input 'input_ids' is int32"):
+        _decode(session, gpu, 6, wrong)

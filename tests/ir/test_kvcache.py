@@ -8,7 +8,15 @@ import pytest
 import knopt
 from knopt.errors import InputError, KnoptError
 from knopt.ir.dims import SizeProfile
-from knopt.ir.kvcache import BUCKET, CacheLayout, CacheSlot, cache_step, describe_cache, widen_mask
+from knopt.ir.kvcache import (
+    BUCKET,
+    CacheLayout,
+    CacheSlot,
+    CacheSteps,
+    cache_step,
+    describe_cache,
+    widen_mask,
+)
 from tests.models import MODELS
 
 DECODER = MODELS.parent / "decoder" / "llama_kv_ts17.onnx"
@@ -53,6 +61,21 @@ def test_decoding_steps_of_a_bucket_share_their_sizes() -> None:
     }
 
 
+def test_remembered_steps_share_one_sizes_mapping_per_bucket_and_still_check() -> None:
+    layout = _layout()
+    steps = CacheSteps(knopt.load(DECODER), layout)
+    found = [
+        steps.step({"input_ids": (2, 1), "attention_mask": (2, n + 1)}, n) for n in range(64, 130)
+    ]
+    assert len({id(s.sizes) for s in found[:64]}) == 1  # lengths 64 ... 127: one bucket
+    assert found[64].sizes == {"batch": 2, "seq": 1, "total": 192, "past": 191}
+    assert found[10].actual == {"batch": 2, "seq": 1, "total": 75, "past": 74}
+    with pytest.raises(InputError, match="covers 70 positions; the cache holds 70"):
+        steps.step({"input_ids": (2, 1), "attention_mask": (2, 70)}, 70)
+    with pytest.raises(InputError, match="size 'batch' is 1 here but 2"):
+        steps.step({"input_ids": (2, 1), "attention_mask": (1, 71)}, 70)
+
+
 def test_the_widened_mask_hides_the_padding() -> None:
     layout = _layout()
     graph = knopt.load(DECODER)
@@ -62,6 +85,21 @@ def test_the_widened_mask_hides_the_padding() -> None:
     assert widened.shape == (1, step.planned + 1)
     np.testing.assert_array_equal(widened[0, :3], [0, 1, 1])
     assert not widened[0, 3 : step.planned].any() and widened[0, -1] == 1
+
+
+@pytest.mark.parametrize("length", [0, 3, 62, 63, 64, 150])
+def test_the_widened_mask_is_the_past_then_zeros_then_the_new_positions(length: int) -> None:
+    layout = _layout()
+    step = cache_step(
+        knopt.load(DECODER),
+        layout,
+        {"input_ids": (2, 2), "attention_mask": (2, length + 2)},
+        length,
+    )
+    mask = np.random.default_rng(length).integers(0, 2, (2, length + 2))
+    padding = np.zeros((2, step.planned - length), mask.dtype)
+    expected = np.concatenate([mask[:, :length], padding, mask[:, length:]], axis=-1)
+    np.testing.assert_array_equal(widen_mask(mask, step), expected)
 
 
 def test_a_mask_that_does_not_cover_the_cache_is_refused() -> None:
