@@ -13,9 +13,10 @@ In one process, on one stream, interleaved round by round, timed with CUDA event
 * W4A16, M = 1, 16, 128 and N = K = 4096 (blocks of 128, with zero points): knopt's kernels
   (as its rule picks them) against torch.nn.functional.linear in fp16 with the same weight
   dequantized. TFLOP/s count 2 M N K; GB/s count the bytes of the packed weight, scales and
-  zero points. `--w4a16-only` times M from 1 to 1024, every GEMV and GEMM configuration and the
-  dequantize + cuBLASLt route beside the rule's choice, and M = 1 "cold" too (each launch reads
-  another copy of the weights, so that they come from HBM, not L2).
+  zero points. `--w4a16-only` times M from 1 to 1024, every GEMV (mma and stream) and GEMM
+  configuration and the dequantize + cuBLASLt route beside the rule's choice, and M = 1 "cold"
+  too, the rule's choice and the default stream GEMV (each launch reads another copy of the
+  weights, so that they come from HBM, not L2).
 
 Each timing is the median over rounds of the CUDA-event time of a CUDA graph of `inner`
 launches, divided by `inner` (graphs keep Python's launch overhead out of microsecond kernels).
@@ -58,12 +59,15 @@ from knopt.cuda.intgemm import GemmOutput, IntGemmPlan, supported_outputs  # noq
 from knopt.cuda.w4a16 import (  # noqa: E402
     DEFAULT_GEMM,
     DEFAULT_GEMV,
+    DEFAULT_STREAM,
     GEMM_BMS,
     GEMV_MAX_M,
+    STREAM_MAX_M,
     W4A16,
-    GemmConfig,
     GemvConfig,
+    KernelConfig,
     Route,
+    StreamConfig,
     W4A16Operands,
     W4A16Plan,
 )
@@ -275,12 +279,16 @@ def _w4_weight(n: int, k: int, block: int, seed: int) -> W4Weight:
     return W4Weight(b, scales, zeros, w16, block)
 
 
-def w4a16_variants(m: int) -> list[GemvConfig | GemmConfig | Route]:
+def w4a16_variants(m: int) -> list[KernelConfig | Route]:
     """What is timed besides the rule's choice at M.
 
-    Every GEMV (M <= 8), the GEMMs whose column tile suits M, dequantize + cuBLASLt from M = 64.
+    Every GEMV (M <= 8; the stream GEMVs with the fewest columns that hold M, M <= 4), the GEMMs
+    whose column tile suits M, dequantize + cuBLASLt from M = 64.
     """
-    variants: list[GemvConfig | GemmConfig | Route] = []
+    variants: list[KernelConfig | Route] = []
+    if m <= STREAM_MAX_M:
+        cols = min(c.cols for c in EXTRA_STREAM if c.cols >= m)
+        variants += [c for c in EXTRA_STREAM if c.cols == cols]
     if m <= GEMV_MAX_M:
         variants += EXTRA_GEMV
         variants += [c for c in DEFAULT_GEMM if c.bm == 16 and c.split == 4]
@@ -299,8 +307,24 @@ EXTRA_GEMV = (
     GemvConfig(warps=4, split=2),
 )
 
+# The stream GEMV's knobs around its defaults at 1, 2 and 4 columns (M = 1, 2, 3-4).
+EXTRA_STREAM = (
+    *DEFAULT_STREAM,
+    StreamConfig(1, rows=1),
+    StreamConfig(1, rows=1, unroll=8),
+    StreamConfig(1, unroll=2),
+    StreamConfig(1, unroll=8),
+    StreamConfig(1, warps=8),
+    StreamConfig(1, rows=4, unroll=2),
+    StreamConfig(1, rows=4),
+    StreamConfig(2, rows=1),
+    StreamConfig(2, rows=4, unroll=2),
+    StreamConfig(4, rows=1),
+    StreamConfig(4, rows=4, unroll=1),
+)
 
-def _variant_name(variant: GemvConfig | GemmConfig | Route) -> str:
+
+def _variant_name(variant: KernelConfig | Route) -> str:
     return f"knopt {variant.value if isinstance(variant, Route) else variant.suffix}"
 
 
@@ -315,7 +339,7 @@ def w4a16_rows(
     otherwise back-to-back launches of one product find its weight in L2. Each row is printed
     as soon as it is measured.
     """
-    w4 = W4A16(DType.F16, block, gemv=EXTRA_GEMV, gemm=DEFAULT_GEMM)
+    w4 = W4A16(DType.F16, block, gemv=EXTRA_GEMV, gemm=DEFAULT_GEMM, stream=EXTRA_STREAM)
     cubin = nvrtc.compile_cubin(w4.source(), bench.gpu.arch)
     kernels = bench.gpu.load(cubin, w4.kernel_names)
     weight = _w4_weight(n, k, block, 0)
@@ -355,7 +379,7 @@ def _w4a16_methods(
     reference = torch.nn.functional.linear(a.float(), weight.w16.float())
     torch.cuda.synchronize()  # made on torch's default stream, used on knopt's
     methods: dict[str, Callable[[], Any]] = {}
-    choices: list[tuple[str, GemvConfig | GemmConfig | Route | None]] = [("knopt W4A16", None)]
+    choices: list[tuple[str, KernelConfig | Route | None]] = [("knopt W4A16", None)]
     if variants:
         choices += [(_variant_name(v), v) for v in w4a16_variants(m)]
     for name, choice in choices:
@@ -378,6 +402,10 @@ def _w4a16_methods(
         cold = [weight] + [_w4_weight(n, k, weight.block, seed) for seed in range(1, copies)]
         plan = w4.plan(m, n, k, bench.sm_count, blas=bench.blas)
         methods["knopt W4A16 cold"] = W4Launch(bench, kernels, plan, a, cold)
+        stream = _variant_name(DEFAULT_STREAM[0])
+        if stream in methods:  # checked above
+            plan = w4.plan(m, n, k, bench.sm_count, config=DEFAULT_STREAM[0])
+            methods[f"{stream} cold"] = W4Launch(bench, kernels, plan, a, cold)
         fp16_copies = max(2, -(-bench.l2_bytes * 2 // (2 * n * k)))
         fp16 = itertools.cycle([c.w16 for c in cold[:fp16_copies]])
         methods["torch fp16 cold"] = partial(_linear_next, a, fp16)

@@ -7,9 +7,14 @@ moves from memory at half a byte an element, a quarter of what float16 needs.
 
 Three routes, chosen per shape by `W4A16.plan` (Route):
 
-* GEMV, M <= 8: memory-bound. A 16-row tile of W a block, K split over its warps, each with
-  several chunks of weight loads in flight, and over the blocks of a thread block cluster when
-  N has too few tiles to fill the GPU (their sums meet in distributed shared memory).
+* GEMV, M <= 8: memory-bound. Two kernel families. The mma GEMV (GemvConfig): a 16-row tile
+  of W a block on the tensor cores, K split over its warps, each with several chunks of weight
+  loads in flight, and over the blocks of a thread block cluster when N has too few tiles to
+  fill the GPU (their sums meet in distributed shared memory). The stream GEMV (StreamConfig,
+  M <= STREAM_MAX_M, codegen/w4a16_stream.cuh): on the CUDA cores, a few rows of W a warp over
+  the whole of K, 16-byte loads of codes that bypass L1, products in paired T FMAs, the lanes'
+  sums met by shuffles. The rule takes the stream GEMV only when STREAM_RULE says so: it has
+  not been timed on a GPU yet.
 * GEMM, larger M: the weight tile in registers, A staged in shared memory by cp.async, K split
   over a cluster likewise.
 * DEQUANTIZE, M >= DEQUANTIZE_MIN_M with a cuBLASLt handle: the weight dequantized to A's type
@@ -32,10 +37,13 @@ M <= 8 (5.5-6.3 us); the GEMM is not memory-bound as expected (14 us at M = 16, 
 50 us at 128, 83-93 us at 256), while dequantize + cuBLASLt takes 31 us at M = 64 (a tie),
 37 us at 128 and 256, 47 us at 512: so DEQUANTIZE_MIN_M is 128, not the 512 expected.
 
-All routes round each weight once to A's type as `(code - zero) * scale` and accumulate in
-fp32, so they agree to fp32 summation order. Sizes are launch arguments: one compiled module
-(per activation type and block size) serves every M, N and K. This module only plans and
-launches; it holds no device memory.
+All routes round each weight once to A's type as `(code - zero) * scale`. The mma kernels and
+the dequantize route multiply on the tensor cores and accumulate in fp32, so they agree to
+fp32 summation order; the stream GEMV sums each lane's products of 32 codes in A's type (8
+a half-precision slot, two chains) before fp32, so it agrees with them to that rounding
+(each addition to 2^-11 of those partial sums for float16, 2^-8 for bfloat16). Sizes are
+launch arguments: one compiled module (per activation type and block size) serves every M, N
+and K. This module only plans and launches; it holds no device memory.
 """
 
 from __future__ import annotations
@@ -65,6 +73,12 @@ DEQUANTIZE_LIMIT = 64 * 2**20  # bytes of dequantized weight a slice (whole 128-
 # outputs 256-byte aligned, as cuBLASLt's heuristic assumes)
 DEQUANTIZE_THREADS = 256
 DEQUANTIZE_PIECE = 8  # bytes of codes (16 k) a dequantizer thread reads: rows are kp / 2 bytes
+STREAM_MAX_M = 4  # rows of A a stream GEMV holds at most (StreamConfig.cols)
+STREAM_RULE = False  # unmeasured: the rule keeps the mma GEMV at every M until
+# `benchmarks/quantized.py --w4a16-only` has timed the stream GEMV on a GPU
+STREAM_MIN_WARPS = 8  # warps an SM that N must give the stream GEMV (which splits no K) for
+# the rule to take it; unmeasured, as STREAM_RULE
+_REGISTER_STEPS = (64, 80, 96, 128, 168, 255)  # a thread's share at 32, 24, 20, 16, 12, 8 warps
 _ALIGN = 256
 _C_TYPES = {DType.F16: "__half", DType.BF16: "__nv_bfloat16"}
 _PRECISION = {DType.F16: "fp16", DType.BF16: "bf16"}
@@ -90,6 +104,70 @@ class GemvConfig:
     def suffix(self) -> str:
         """The kernel name's tail."""
         return f"gemv_w{self.warps}_d{self.depth}_s{self.split}"
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """One compiled stream GEMV: A rows, W rows a warp, loads in flight a lane, warps a block.
+
+    `cols` rows of A are held (M <= cols); a warp owns `rows` rows of W, and each lane keeps
+    `unroll` 16-byte loads of codes of every one of them in flight.
+
+    Raises:
+        CodegenError: If a knob is out of range, or its registers would not fit a thread.
+    """
+
+    cols: int = 1
+    rows: int = 2
+    unroll: int = 4
+    warps: int = 4
+
+    def __post_init__(self) -> None:
+        if not (
+            1 <= self.cols <= STREAM_MAX_M
+            and self.rows in (1, 2, 4)
+            and 1 <= self.unroll <= 8
+            and 1 <= self.warps <= 32
+        ):
+            raise CodegenError(
+                f"stream GEMV {self}: needs cols 1..{STREAM_MAX_M}, rows 1, 2 or 4, unroll "
+                "1..8 and warps 1..32"
+            )
+        if self.registers > _REGISTER_STEPS[-1]:
+            raise CodegenError(
+                f"stream GEMV {self}: its ring and sums need about {self.registers} registers "
+                f"a thread, more than {_REGISTER_STEPS[-1]}: lower rows, unroll or cols"
+            )
+        if self.min_blocks * self._share * 32 * self.warps > 2**16:
+            raise CodegenError(
+                f"stream GEMV {self}: a block of {self.warps} warps leaves a thread fewer than "
+                f"the {self.registers} registers it needs: fewer warps"
+            )
+
+    @property
+    def suffix(self) -> str:
+        """The kernel name's tail."""
+        return f"stream_c{self.cols}_r{self.rows}_u{self.unroll}_w{self.warps}"
+
+    @property
+    def registers(self) -> int:
+        """About the registers a thread needs without spilling.
+
+        Fitted to what ptxas (CUDA 13.0, sm_90, both types, blocks of 16 and 128) needs over
+        every knob, to within a step of _REGISTER_STEPS: the ring (6 a row and load: codes,
+        scale, zero point), the sums in T (a row and column), A (a column), pointers (a row).
+        """
+        r, u, c = self.rows, self.unroll, self.cols
+        return 6 * r * u + 3 * r * c + 9 * c + 12 * r + u
+
+    @property
+    def _share(self) -> int:
+        return next(r for r in _REGISTER_STEPS if r >= self.registers)
+
+    @property
+    def min_blocks(self) -> int:
+        """Blocks an SM the registers must allow: the most whose share holds `registers`."""
+        return max(1, 2**16 // (self._share * 32 * self.warps))
 
 
 @dataclass(frozen=True)
@@ -124,7 +202,11 @@ def gemm_depth(bm: int) -> int:
 
 GEMM_BMS = (16, 32, 64)
 DEFAULT_GEMV = tuple(GemvConfig(split=s) for s in SPLITS)
+# Each holds the row groups of N = 4096 in one wave on 132 SMs (min_blocks) and 4 loads of
+# codes in flight a lane, 2 at 4 columns (guesses: none has been timed yet).
+DEFAULT_STREAM = (StreamConfig(1), StreamConfig(2), StreamConfig(4, unroll=2))
 DEFAULT_GEMM = tuple(GemmConfig(bm, gemm_depth(bm), s) for bm in GEMM_BMS for s in SPLITS)
+KernelConfig = GemvConfig | StreamConfig | GemmConfig
 
 
 @dataclass(frozen=True)
@@ -176,7 +258,7 @@ class W4A16Plan:
 
     Attributes:
         route: GEMV, GEMM or DEQUANTIZE.
-        config: The GEMV or GEMM configuration (None for DEQUANTIZE).
+        config: The GEMV (mma or stream) or GEMM configuration (None for DEQUANTIZE).
         kernel: The name of the W4A16 kernel it launches (for DEQUANTIZE, the dequantizer).
         grid: That kernel's grid (for DEQUANTIZE, of one slice).
         threads: Threads a block.
@@ -186,7 +268,7 @@ class W4A16Plan:
     owner: W4A16
     sizes: tuple[int, int, int]
     route: Route
-    config: GemvConfig | GemmConfig | None
+    config: KernelConfig | None
     kernel: str
     grid: tuple[int, int, int]
     threads: int
@@ -255,8 +337,9 @@ class W4A16:
     """One weight format (activation type, block size) and the kernels compiled for it.
 
     Attributes:
-        gemv: The GEMV configurations the module holds (the rule picks among them).
+        gemv: The mma GEMV configurations the module holds (the rule picks among them).
         gemm: The GEMM configurations likewise.
+        stream: The stream GEMV configurations likewise.
 
     Raises:
         CodegenError: If the type or block size has no kernel.
@@ -266,6 +349,7 @@ class W4A16:
     block: int
     gemv: tuple[GemvConfig, ...] = DEFAULT_GEMV
     gemm: tuple[GemmConfig, ...] = DEFAULT_GEMM
+    stream: tuple[StreamConfig, ...] = DEFAULT_STREAM
 
     def __post_init__(self) -> None:
         if self.dtype not in _C_TYPES:
@@ -275,24 +359,26 @@ class W4A16:
 
     @property
     def name(self) -> str:
-        """The kernels' name prefix (`<name>_gemv_...`, `<name>_gemm_...`, `<name>_dequantize`)."""
+        """The kernels' name prefix (`<name>_gemv_...`, `<name>_stream_...`, ...)."""
         return f"w4a16_{self.dtype.short}_b{self.block}"
 
-    def kernel_name(self, config: GemvConfig | GemmConfig | None) -> str:
+    def kernel_name(self, config: KernelConfig | None) -> str:
         """The kernel of a configuration (None: the dequantizer)."""
         return f"{self.name}_{config.suffix if config else 'dequantize'}"
 
     @property
     def kernel_names(self) -> tuple[str, ...]:
         """Every kernel of the module."""
-        return tuple(self.kernel_name(c) for c in (*self.gemv, *self.gemm, None))
+        return tuple(self.kernel_name(c) for c in self._configs())
+
+    def _configs(self) -> list[KernelConfig | None]:
+        return [*self.gemv, *self.stream, *self.gemm, None]
 
     def source(self) -> str:
         """The CUDA C++ of the module: its kernels (including w4a16.cuh)."""
-        configs: list[GemvConfig | GemmConfig | None] = [*self.gemv, *self.gemm, None]
-        return "\n".join(self.kernel_source(c) for c in configs)
+        return "\n".join(self.kernel_source(c) for c in self._configs())
 
-    def kernel_source(self, config: GemvConfig | GemmConfig | None) -> str:
+    def kernel_source(self, config: KernelConfig | None) -> str:
         """The CUDA C++ of one configuration's kernel (None: the dequantizer)."""
         t = _C_TYPES[self.dtype]
         if isinstance(config, GemvConfig):
@@ -306,6 +392,18 @@ class W4A16:
                 SPLIT=config.split,
                 CLUSTER=_cluster(config.split),
                 MIN_BLOCKS=max(1, 16 // config.warps),  # 128 registers a thread at most
+            )
+        if isinstance(config, StreamConfig):
+            return render(
+                "w4a16_stream.cu",
+                NAME=self.kernel_name(config),
+                T=t,
+                BLOCK=self.block,
+                COLS=config.cols,
+                ROWS=config.rows,
+                UNROLL=config.unroll,
+                WARPS=config.warps,
+                MIN_BLOCKS=config.min_blocks,
             )
         if isinstance(config, GemmConfig):
             return render(
@@ -360,11 +458,13 @@ class W4A16:
         k: int,
         sm_count: int,
         blas: Blas | None = None,
-        config: GemvConfig | GemmConfig | Route | None = None,
+        config: KernelConfig | Route | None = None,
     ) -> W4A16Plan:
         """How to compute one product: the rule's route and kernel, or `config`'s.
 
-        The rule: M <= 8 takes the GEMV, M >= DEQUANTIZE_MIN_M with `blas` the DEQUANTIZE
+        The rule: M <= 8 takes the mma GEMV (or, when STREAM_RULE is set, M <= STREAM_MAX_M
+        the default stream GEMV with the fewest columns that hold M, if N gives every SM
+        STREAM_MIN_WARPS warps of it), M >= DEQUANTIZE_MIN_M with `blas` the DEQUANTIZE
         route, anything else the GEMM with the smallest column tile that holds M (16, 32, 64);
         a K the kernels cannot take (`kernels_take`) goes the DEQUANTIZE route at any M.
         A cluster splits K into the fewest parts (of those compiled) that make two blocks an SM
@@ -400,33 +500,33 @@ class W4A16:
             )
         if config is None:
             config = self._rule(m, n, k, sm_count)
+        return self._kernel_plan(config, m, n, k)
+
+    def _kernel_plan(self, config: KernelConfig | Route, m: int, n: int, k: int) -> W4A16Plan:
+        """The launch of one of the module's kernels at these sizes.
+
+        Raises:
+            CodegenError: If `config` is not compiled in the module or does not fit M.
+        """
         if isinstance(config, GemvConfig):
             if config not in self.gemv or m > GEMV_MAX_M:
                 raise CodegenError(f"{self.name}: no GEMV {config} for M={m} in this module")
-            grid = (-(-n // 16), 1, config.split)
-            return W4A16Plan(
-                self,
-                (m, n, k),
-                Route.GEMV,
-                config,
-                self.kernel_name(config),
-                grid,
-                32 * config.warps,
-            )
-        if not isinstance(config, GemmConfig) or config not in self.gemm:
+            route, grid = Route.GEMV, (-(-n // 16), 1, config.split)
+        elif isinstance(config, StreamConfig):
+            if config not in self.stream or m > config.cols:
+                raise CodegenError(f"{self.name}: no stream GEMV {config} for M={m} in this module")
+            route, grid = Route.GEMV, (-(-n // (config.rows * config.warps)), 1, 1)
+        elif isinstance(config, GemmConfig) and config in self.gemm:
+            route, grid = Route.GEMM, (-(-n // config.rows), -(-m // config.bm), config.split)
+        else:
             raise CodegenError(f"{self.name}: no kernel {config} in this module")
-        grid = (-(-n // config.rows), -(-m // config.bm), config.split)
-        return W4A16Plan(
-            self,
-            (m, n, k),
-            Route.GEMM,
-            config,
-            self.kernel_name(config),
-            grid,
-            32 * config.warps,
-        )
+        kernel = self.kernel_name(config)
+        return W4A16Plan(self, (m, n, k), route, config, kernel, grid, 32 * config.warps)
 
-    def _rule(self, m: int, n: int, k: int, sm_count: int) -> GemvConfig | GemmConfig:
+    def _rule(self, m: int, n: int, k: int, sm_count: int) -> KernelConfig:
+        stream = self._stream_rule(m, n, sm_count)
+        if stream is not None:
+            return stream
         chunks = -(-self.padded_k(k) // CHUNK)
         if m <= GEMV_MAX_M:
             gemv = [c for c in self.gemv if c == GemvConfig(split=c.split)] or list(self.gemv)
@@ -436,6 +536,19 @@ class W4A16:
         gemm = gemm or [c for c in self.gemm if c.bm >= min(m, GEMM_BMS[-1])] or list(self.gemm)
         tiles = -(-n // gemm[0].rows) * -(-m // gemm[0].bm)
         return _fewest_splits(gemm, tiles, 2 * sm_count, chunks)
+
+    def _stream_rule(self, m: int, n: int, sm_count: int) -> StreamConfig | None:
+        """The stream GEMV the rule takes at M, or None (then the mma GEMV).
+
+        That is, when STREAM_RULE is set, the default configuration with the fewest columns
+        that hold M among those whose rows give every SM STREAM_MIN_WARPS warps.
+        """
+        if not STREAM_RULE:
+            return None
+        warps = STREAM_MIN_WARPS * sm_count
+        fits = [c for c in self.stream if m <= c.cols and -(-n // c.rows) >= warps]
+        defaults = [c for c in fits if c in DEFAULT_STREAM] or fits
+        return min(defaults, key=lambda c: c.cols, default=None)
 
     def _dequantize_plan(self, m: int, n: int, k: int, sm_count: int, blas: Blas) -> W4A16Plan:
         from knopt.cuda.steps import Gemm, Operand

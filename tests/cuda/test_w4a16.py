@@ -8,6 +8,7 @@ and within half-precision tolerance with the exact dequantized weight.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -18,11 +19,14 @@ from knopt.cuda.w4a16 import (
     BLOCK_SIZES,
     DEFAULT_GEMM,
     DEFAULT_GEMV,
+    DEFAULT_STREAM,
     GEMV_MAX_M,
     W4A16,
     GemmConfig,
     GemvConfig,
+    KernelConfig,
     Route,
+    StreamConfig,
     W4A16Operands,
 )
 from knopt.errors import CodegenError, CudaError
@@ -46,17 +50,26 @@ def _nvrtc():
 def test_w4a16_kernels_compile_for_sm_90(tmp_path, monkeypatch) -> None:
     # Every block size, both types, in one translation unit as a program's kernels are, each
     # with the code paths of the templates: a GEMV with and without a cluster, a GEMM with a
-    # 16-column tile in a cluster and one with a 64-column tile alone, and the dequantizer.
-    # (The other default configs differ from these only in template numbers.)
+    # 16-column tile in a cluster and one with a 64-column tile alone, a stream GEMV (every
+    # value of each knob in one format or another), and the dequantizer. (The other configs
+    # differ from these only in template numbers.)
     nvrtc = _nvrtc()
     monkeypatch.setenv("KNOPT_CACHE_DIR", str(tmp_path))
     gemm = (GemmConfig(16, 4, split=2), GemmConfig(64, 2))
+    stream = (
+        StreamConfig(1, rows=1, unroll=1),
+        StreamConfig(2, rows=2, unroll=2, warps=8),
+        StreamConfig(3, rows=4, unroll=1),
+        StreamConfig(4, rows=1, unroll=8),
+        StreamConfig(1, rows=4, unroll=4),
+    )
     formats = [
         W4A16(
             DType.BF16 if i % 2 else DType.F16,
             block,
             (GemvConfig(split=2),) + ((GemvConfig(),) if block == 128 else ()),
             gemm,
+            (stream[i],),
         )
         for i, block in enumerate(BLOCK_SIZES)
     ]
@@ -152,7 +165,7 @@ def test_k_is_split_no_finer_than_two_chunks_a_split() -> None:
 
 
 def test_configs_outside_the_module_are_refused() -> None:
-    w4 = W4A16(DType.F16, 128, gemv=(GemvConfig(),), gemm=(GemmConfig(16, 4),))
+    w4 = W4A16(DType.F16, 128, (GemvConfig(),), (GemmConfig(16, 4),), (StreamConfig(2),))
     with pytest.raises(CodegenError, match="no GEMV"):
         w4.plan(1, 256, 512, SMS, config=GemvConfig(split=2))
     with pytest.raises(CodegenError, match="no GEMV"):
@@ -161,14 +174,75 @@ def test_configs_outside_the_module_are_refused() -> None:
         w4.plan(16, 256, 512, SMS, config=GemmConfig(32, 4))
     with pytest.raises(CodegenError, match="cuBLASLt handle"):
         w4.plan(16, 256, 512, SMS, config=Route.DEQUANTIZE)
+    with pytest.raises(CodegenError, match="no stream GEMV"):
+        w4.plan(1, 256, 512, SMS, config=StreamConfig(1))
+    with pytest.raises(CodegenError, match="no stream GEMV"):
+        w4.plan(3, 256, 512, SMS, config=StreamConfig(2))  # it holds 2 rows of A
+    assert w4.plan(2, 256, 512, SMS, config=StreamConfig(2)).grid == (32, 1, 1)
     # The rule falls back to what the module has.
     assert w4.plan(100, 256, 512, SMS).config == GemmConfig(16, 4)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "kernel", "grid"),
+    [
+        (1, 4096, "stream_c1_r2_u4_w4", (512, 1, 1)),  # 2048 warps: 8 an SM at least
+        (2, 4096, "stream_c2_r2_u4_w4", (512, 1, 1)),
+        (3, 4096, "stream_c4_r2_u2_w4", (512, 1, 1)),  # the fewest columns holding M
+        (4, 11008, "stream_c4_r2_u2_w4", (1376, 1, 1)),
+        (1, 1024, "gemv_w8_d4_s4", (64, 1, 4)),  # 512 warps leave SMs idle: the mma GEMV
+        (5, 4096, "gemv_w8_d4_s1", (256, 1, 1)),
+    ],
+)
+def test_once_measured_the_rule_takes_the_stream_gemv_up_to_m4(
+    monkeypatch: pytest.MonkeyPatch, m: int, n: int, kernel: str, grid: tuple[int, int, int]
+) -> None:
+    assert W4A16(DType.F16, 128).plan(1, 4096, 4096, SMS).kernel.endswith("gemv_w8_d4_s1")
+    monkeypatch.setattr(w4a16, "STREAM_RULE", True)
+    plan = W4A16(DType.F16, 128).plan(m, n, 4096, SMS)
+    assert (plan.kernel, plan.grid, plan.route) == (f"w4a16_f16_b128_{kernel}", grid, Route.GEMV)
+    assert isinstance(plan.config, StreamConfig | GemvConfig)
+    assert plan.threads == 32 * plan.config.warps
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"rows": 3}, "rows 1, 2 or 4"),
+        ({"cols": 5}, "cols 1..4"),
+        ({"unroll": 0}, "unroll 1..8"),
+        ({"warps": 33}, "warps 1..32"),
+        ({"cols": 2, "rows": 4, "unroll": 8}, "about 290 registers"),
+    ],
+)
+def test_stream_knobs_out_of_range_are_refused(knobs: dict[str, int], message: str) -> None:
+    with pytest.raises(CodegenError, match=message):
+        StreamConfig(**knobs)
+
+
+def test_stream_blocks_an_sm_leave_each_thread_its_registers() -> None:
+    # The blocks `min_blocks` asks of the compiler leave each thread the registers it needs;
+    # configurations where even one block cannot are refused.
+    refused = 0
+    for cols, rows, unroll, warps in itertools.product(
+        range(1, 5), (1, 2, 4), range(1, 9), (1, 2, 4, 8, 16, 32)
+    ):
+        try:
+            config = StreamConfig(cols, rows, unroll, warps)
+        except CodegenError:
+            refused += 1
+            continue
+        share = 2**16 // (config.min_blocks * 32 * warps)
+        assert config.min_blocks >= 1 and share >= config.registers, config
+    with pytest.raises(CodegenError, match="fewer warps"):
+        StreamConfig(rows=4, warps=32)
+    assert 0 < refused < 4 * 3 * 8 * 6 // 2
 
 
 def test_every_default_config_has_a_kernel_name() -> None:
     w4 = W4A16(DType.BF16, 32)
     names = w4.kernel_names
-    assert len(set(names)) == len(DEFAULT_GEMV) + len(DEFAULT_GEMM) + 1
+    assert len(set(names)) == len(DEFAULT_GEMV) + len(DEFAULT_STREAM) + len(DEFAULT_GEMM) + 1
     assert all(n.startswith("w4a16_bf16_b32_") for n in names)
     assert names[-1] == "w4a16_bf16_b32_dequantize"
 
@@ -302,11 +376,12 @@ def _kernels(device: Device, w4: W4A16) -> dict[str, Any]:
     return _MODULES[w4]
 
 
-def _only(dtype: DType, block: int, config: GemvConfig | GemmConfig | None) -> W4A16:
+def _only(dtype: DType, block: int, config: KernelConfig | None) -> W4A16:
     """A module with one product kernel (and the dequantizer): quick to compile."""
     gemv = (config,) if isinstance(config, GemvConfig) else ()
     gemm = (config,) if isinstance(config, GemmConfig) else ()
-    return W4A16(dtype, block, gemv, gemm)
+    stream = (config,) if isinstance(config, StreamConfig) else ()
+    return W4A16(dtype, block, gemv, gemm, stream)
 
 
 def _check(
@@ -315,7 +390,7 @@ def _check(
     sizes: tuple[int, int, int],
     zeros: bool,
     bias: bool,
-    config: GemvConfig | GemmConfig | Route,
+    config: KernelConfig | Route,
     blas: Any = None,
 ) -> None:
     m, n, k = sizes
@@ -395,6 +470,7 @@ def test_every_kernel_config_matches_dequantize_then_matmul(
         64,
         tuple(c for c in VARIANTS if isinstance(c, GemvConfig)),
         tuple(c for c in VARIANTS if isinstance(c, GemmConfig)),
+        (),
     )
     if isinstance(config, GemvConfig):
         shapes = [(1, 200, 2088), (7, 48, 1032), (8, 4096, 4096)]
@@ -402,6 +478,49 @@ def test_every_kernel_config_matches_dequantize_then_matmul(
         shapes = [(config.bm - 3, 200, 2088), (2 * config.bm + 5, 48, 1032), (37, 4096, 4096)]
     for i, (m, n, k) in enumerate(shapes):
         _check(device, w4, (m, n, k), i != 1, i != 0, config)
+
+
+# Stream GEMVs: every value of each knob, at every M they hold, on shapes that reach their
+# tails: N past a warp's rows and a block's warps, K in whole rounds of 1024 codes a warp with
+# and without a last partial one (K ending inside a block), zero points and a bias or not.
+STREAM_VARIANTS = (
+    *DEFAULT_STREAM,
+    StreamConfig(1, rows=1, unroll=1),
+    StreamConfig(1, rows=1, unroll=8),
+    StreamConfig(1, rows=4, unroll=4),
+    StreamConfig(3, rows=4, unroll=2),
+    StreamConfig(2, rows=1, unroll=2, warps=8),
+)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("config", STREAM_VARIANTS, ids=lambda c: c.suffix)
+@pytest.mark.parametrize("dtype", [DType.F16, DType.BF16], ids=lambda d: d.short)
+def test_every_stream_config_matches_dequantize_then_matmul(
+    device: Device, dtype: DType, config: StreamConfig
+) -> None:
+    w4 = W4A16(dtype, 64, (), (), STREAM_VARIANTS)
+    c = config.cols
+    shapes = [
+        (c, 203, 2088, True, False),  # K_pad 2112: two whole rounds and 2 pieces of a third
+        (1, 4099, 4096, False, True),  # four whole rounds
+        ((c + 1) // 2, 77, 8256, True, True),  # eight whole rounds and a part: the ring turns
+        (max(1, c - 1), 33, 192, True, True),  # only a partial round
+    ]
+    for m, n, k, zeros, bias in shapes:
+        _check(device, w4, (m, n, k), zeros, bias, config)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("block", BLOCK_SIZES)
+@pytest.mark.parametrize("dtype", [DType.F16, DType.BF16], ids=lambda d: d.short)
+def test_the_stream_gemv_takes_every_block_size(device: Device, dtype: DType, block: int) -> None:
+    # K = 3104: a partial last round at every block size, K ending inside a block from 64 up;
+    # blocks of 16 give a piece two scales and zero points.
+    config = StreamConfig(2, rows=4, unroll=2)
+    w4 = _only(dtype, block, config)
+    _check(device, w4, (2, 130, 3104), True, True, config)
+    _check(device, w4, (1, 61, 3104), False, False, config)
 
 
 @pytest.mark.cuda
@@ -440,7 +559,7 @@ def test_every_route_at_m512_n4096_k4096_also_in_a_graph(device: Device, blas: A
     # CUDA graph of several launches replayed twice. The output starts as NaN each time.
     m, n, k, block, dtype = 512, 4096, 4096, 128, DType.F16
     configs = tuple(c for c in DEFAULT_GEMM if c.bm == 64)
-    w4 = W4A16(dtype, block, (), configs)
+    w4 = W4A16(dtype, block, (), configs, ())
     assert w4.plan(m, n, k, device.sm_count, blas=blas).route is Route.DEQUANTIZE
     kernels = _kernels(device, w4)
     rng = np.random.default_rng(512)
