@@ -19,12 +19,13 @@
 
 namespace w4 {
 
-// 16 bytes of codes, read without allocating in L1 (which keeps A).
+// 16 bytes of codes, read without allocating in L1 (which keeps A). Volatile: never speculated
+// past the guard that keeps it inside the weight.
 __device__ __forceinline__ uint4 load_once(const uint4* p) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
   return v;
 }
 
