@@ -13,8 +13,10 @@ Three routes, chosen per shape by `W4A16.plan` (Route):
   fill the GPU (their sums meet in distributed shared memory). The stream GEMV (StreamConfig,
   M <= STREAM_MAX_M, codegen/w4a16_stream.cuh): on the CUDA cores, a few rows of W a warp over
   the whole of K, 16-byte loads of codes that bypass L1, products in paired T FMAs, the lanes'
-  sums met by shuffles. The rule takes the stream GEMV only when STREAM_RULE says so: it has
-  not been timed on a GPU yet.
+  sums met by shuffles. The rule takes the stream GEMV at M <= STREAM_RULE_MAX_M (1) where
+  N gives every SM STREAM_MIN_WARPS warps: measured on an H200 at N = K = 4096 it takes
+  4.7 us at M = 1 (4 rows a warp) against the mma GEMV's 5.5, while at M = 2 and 4 the mma
+  GEMV is faster (5.3 against 6.1 us, 5.8 against 8.9).
 * GEMM, larger M: the weight tile in registers, A staged in shared memory by cp.async, K split
   over a cluster likewise.
 * DEQUANTIZE, M >= DEQUANTIZE_MIN_M with a cuBLASLt handle: the weight dequantized to A's type
@@ -74,10 +76,10 @@ DEQUANTIZE_LIMIT = 64 * 2**20  # bytes of dequantized weight a slice (whole 128-
 DEQUANTIZE_THREADS = 256
 DEQUANTIZE_PIECE = 8  # bytes of codes (16 k) a dequantizer thread reads: rows are kp / 2 bytes
 STREAM_MAX_M = 4  # rows of A a stream GEMV holds at most (StreamConfig.cols)
-STREAM_RULE = False  # unmeasured: the rule keeps the mma GEMV at every M until
-# `benchmarks/quantized.py --w4a16-only` has timed the stream GEMV on a GPU
-STREAM_MIN_WARPS = 8  # warps an SM that N must give the stream GEMV (which splits no K) for
-# the rule to take it; unmeasured, as STREAM_RULE
+STREAM_RULE_MAX_M = 1  # measured (module docstring): the stream GEMV wins at M = 1 only
+STREAM_MIN_WARPS = 7  # warps an SM that N must give the stream GEMV (which splits no K) for
+# the rule to take it: N = 4096 at 4 rows a warp gives 7.8 on 132 SMs, where it was timed;
+# with fewer, the mma GEMV splits K over a cluster instead
 _REGISTER_STEPS = (64, 80, 96, 128, 168, 255)  # a thread's share at 32, 24, 20, 16, 12, 8 warps
 _ALIGN = 256
 _C_TYPES = {DType.F16: "__half", DType.BF16: "__nv_bfloat16"}
@@ -203,8 +205,9 @@ def gemm_depth(bm: int) -> int:
 GEMM_BMS = (16, 32, 64)
 DEFAULT_GEMV = tuple(GemvConfig(split=s) for s in SPLITS)
 # Each holds the row groups of N = 4096 in one wave on 132 SMs (min_blocks) and 4 loads of
-# codes in flight a lane, 2 at 4 columns (guesses: none has been timed yet).
-DEFAULT_STREAM = (StreamConfig(1), StreamConfig(2), StreamConfig(4, unroll=2))
+# codes in flight a lane, 2 at 4 columns. At one column, 4 rows a warp was the fastest of
+# the 8 settings timed (4.7 us against 5.0-9.6); the others are the best guesses.
+DEFAULT_STREAM = (StreamConfig(1, rows=4), StreamConfig(2), StreamConfig(4, unroll=2))
 DEFAULT_GEMM = tuple(GemmConfig(bm, gemm_depth(bm), s) for bm in GEMM_BMS for s in SPLITS)
 KernelConfig = GemvConfig | StreamConfig | GemmConfig
 
@@ -462,9 +465,9 @@ class W4A16:
     ) -> W4A16Plan:
         """How to compute one product: the rule's route and kernel, or `config`'s.
 
-        The rule: M <= 8 takes the mma GEMV (or, when STREAM_RULE is set, M <= STREAM_MAX_M
-        the default stream GEMV with the fewest columns that hold M, if N gives every SM
-        STREAM_MIN_WARPS warps of it), M >= DEQUANTIZE_MIN_M with `blas` the DEQUANTIZE
+        The rule: M <= 8 takes the mma GEMV (but M <= STREAM_RULE_MAX_M the default stream
+        GEMV with the fewest columns that hold M, if N gives every SM STREAM_MIN_WARPS warps
+        of it), M >= DEQUANTIZE_MIN_M with `blas` the DEQUANTIZE
         route, anything else the GEMM with the smallest column tile that holds M (16, 32, 64);
         a K the kernels cannot take (`kernels_take`) goes the DEQUANTIZE route at any M.
         A cluster splits K into the fewest parts (of those compiled) that make two blocks an SM
@@ -540,15 +543,17 @@ class W4A16:
     def _stream_rule(self, m: int, n: int, sm_count: int) -> StreamConfig | None:
         """The stream GEMV the rule takes at M, or None (then the mma GEMV).
 
-        That is, when STREAM_RULE is set, the default configuration with the fewest columns
-        that hold M among those whose rows give every SM STREAM_MIN_WARPS warps.
+        That is, up to M = STREAM_RULE_MAX_M, the default configuration with the fewest
+        columns that hold M, if its rows give every SM STREAM_MIN_WARPS warps.
         """
-        if not STREAM_RULE:
+        if m > STREAM_RULE_MAX_M:
             return None
-        warps = STREAM_MIN_WARPS * sm_count
-        fits = [c for c in self.stream if m <= c.cols and -(-n // c.rows) >= warps]
-        defaults = [c for c in fits if c in DEFAULT_STREAM] or fits
-        return min(defaults, key=lambda c: c.cols, default=None)
+        holding = [c for c in self.stream if m <= c.cols]
+        defaults = [c for c in holding if c in DEFAULT_STREAM] or holding
+        config = min(defaults, key=lambda c: c.cols, default=None)
+        if config is None or -(-n // config.rows) < STREAM_MIN_WARPS * sm_count:
+            return None
+        return config
 
     def _dequantize_plan(self, m: int, n: int, k: int, sm_count: int, blas: Blas) -> W4A16Plan:
         from knopt.cuda.steps import Gemm, Operand

@@ -137,7 +137,8 @@ def test_unknown_formats_are_refused() -> None:
 @pytest.mark.parametrize(
     ("m", "n", "kernel", "grid"),
     [
-        (1, 4096, "gemv_w8_d4_s1", (256, 1, 1)),  # 256 tiles fill 132 SMs
+        (1, 4096, "stream_c1_r4_u4_w4", (256, 1, 1)),  # 1024 warps: 7.8 an SM
+        (2, 4096, "gemv_w8_d4_s1", (256, 1, 1)),  # 256 tiles fill 132 SMs
         (8, 4096, "gemv_w8_d4_s1", (256, 1, 1)),
         (1, 1024, "gemv_w8_d4_s4", (64, 1, 4)),  # 64 tiles: K split 4 ways in a cluster
         (1, 2048, "gemv_w8_d4_s2", (128, 1, 2)),
@@ -155,6 +156,7 @@ def test_the_rule_picks_a_kernel_and_split_per_shape(
     plan = W4A16(DType.F16, 128).plan(m, n, 4096, SMS)
     assert (plan.kernel, plan.grid, plan.workspace) == (f"w4a16_f16_b128_{kernel}", grid, 0)
     assert plan.route is (Route.GEMV if m <= GEMV_MAX_M else Route.GEMM)
+    assert isinstance(plan.config, StreamConfig) == kernel.startswith("stream")
 
 
 def test_k_is_split_no_finer_than_two_chunks_a_split() -> None:
@@ -186,7 +188,7 @@ def test_configs_outside_the_module_are_refused() -> None:
 @pytest.mark.parametrize(
     ("m", "n", "kernel", "grid"),
     [
-        (1, 4096, "stream_c1_r2_u4_w4", (512, 1, 1)),  # 2048 warps: 8 an SM at least
+        (1, 4096, "stream_c1_r4_u4_w4", (256, 1, 1)),  # 1024 warps: 7 an SM at least
         (2, 4096, "stream_c2_r2_u4_w4", (512, 1, 1)),
         (3, 4096, "stream_c4_r2_u2_w4", (512, 1, 1)),  # the fewest columns holding M
         (4, 11008, "stream_c4_r2_u2_w4", (1376, 1, 1)),
@@ -194,11 +196,12 @@ def test_configs_outside_the_module_are_refused() -> None:
         (5, 4096, "gemv_w8_d4_s1", (256, 1, 1)),
     ],
 )
-def test_once_measured_the_rule_takes_the_stream_gemv_up_to_m4(
+def test_up_to_its_limit_m_the_rule_takes_the_stream_gemv(
     monkeypatch: pytest.MonkeyPatch, m: int, n: int, kernel: str, grid: tuple[int, int, int]
 ) -> None:
-    assert W4A16(DType.F16, 128).plan(1, 4096, 4096, SMS).kernel.endswith("gemv_w8_d4_s1")
-    monkeypatch.setattr(w4a16, "STREAM_RULE", True)
+    # Measured, the limit is M = 1; raised, the rule picks the fewest columns holding M.
+    assert W4A16(DType.F16, 128).plan(2, 4096, 4096, SMS).kernel.endswith("gemv_w8_d4_s1")
+    monkeypatch.setattr(w4a16, "STREAM_RULE_MAX_M", 4)
     plan = W4A16(DType.F16, 128).plan(m, n, 4096, SMS)
     assert (plan.kernel, plan.grid, plan.route) == (f"w4a16_f16_b128_{kernel}", grid, Route.GEMV)
     assert isinstance(plan.config, StreamConfig | GemvConfig)
