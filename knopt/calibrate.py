@@ -165,7 +165,9 @@ def calibrate(
         base, (bandwidth, peak, launch, samples) = CPU, _measure_cpu(sizes, note)
     else:
         base, (bandwidth, peak, launch, samples) = H200_GRAPH, _measure_cuda(sizes, quick, note)
-    peak["int"] = base.peak["int"]
+    # The integer rates are not measured: kept from the base profile, with its 8-bit product
+    # rates ("i8", "i8-varying"), which would otherwise fall back to the plain integer rate.
+    peak.update({kind: rate for kind, rate in base.peak.items() if kind not in peak})
     note(f"peak int: not measured, kept from '{base.name}' ({base.peak['int'] / 1e9:.1f} GIOP/s)")
     profile = DeviceProfile(
         name or f"{device}-calibrated",

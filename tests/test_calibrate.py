@@ -35,8 +35,9 @@ def test_every_figure_is_measured_finite_and_in_a_plausible_range(measured: Cali
     assert 0 < profile.peak["f16"] < 1e13
     assert 1e-8 < profile.launch < 1e-3
     assert all(math.isfinite(v) for v in profile.peak.values())
-    # The integer rate is not measured: kept from the profile calibration starts from.
+    # The integer rates are not measured: kept from the profile calibration starts from.
     assert profile.peak["int"] == CPU.peak["int"]
+    assert profile.peak["i8"] == CPU.peak["i8"]
     assert profile.per_op_launch and measured.base is CPU
     topics = [line.split(":")[0] for line in measured.notes]
     assert topics == ["bandwidth", "peak f32", "peak f64", "peak f16", "launch", "peak int"]

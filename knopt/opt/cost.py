@@ -31,7 +31,9 @@ class DeviceProfile:
     Attributes:
         bandwidth: Bytes per second read plus written.
         peak: FLOP/s by element kind ("f32", "f16", "f64", "int"), and optionally "i8": the
-            rate of 8-bit integer matrix products (tensor cores; "int" where absent).
+            rate of 8-bit integer matrix products (tensor cores; "int" where absent), and
+            "i8-varying": the rate of those whose second operand (the weight) varies, where
+            the device multiplies such products otherwise ("i8" where absent).
         launch: Fixed seconds per kernel.
     """
 
@@ -52,9 +54,15 @@ class DeviceProfile:
             return self.peak["f32"]
         return self.peak["int"]
 
-    def int8_product_rate(self) -> float:
-        """Peak rate of 8-bit integer matrix products with int32 accumulation."""
-        return self.peak.get("i8", self.peak["int"])
+    def int8_product_rate(self, *, varying_weight: bool = False) -> float:
+        """Peak rate of 8-bit integer matrix products with int32 accumulation.
+
+        Args:
+            varying_weight: Whether the second operand is computed from the inputs (attention
+                scores of quantized queries and keys) rather than a constant weight.
+        """
+        rate = self.peak.get("i8", self.peak["int"])
+        return self.peak.get("i8-varying", rate) if varying_weight else rate
 
     def to_json(self) -> dict[str, Any]:
         """The profile as a JSON object (what `knopt calibrate` writes)."""
@@ -69,7 +77,7 @@ class DeviceProfile:
 
 
 _PEAK_KINDS = ("f32", "f16", "f64", "int")
-_OPTIONAL_PEAK_KINDS = ("i8",)
+_OPTIONAL_PEAK_KINDS = ("i8", "i8-varying")
 
 
 def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
@@ -149,11 +157,21 @@ CPU = DeviceProfile(
 )
 # H200: HBM3e copy bandwidth 4.2 TB/s, f32 (no TF32) 51 TFLOP/s, f16 tensor cores 760 TFLOP/s,
 # int8 tensor cores twice that (1,979 dense TOPS on paper, as f16's 989 is 760 measured), a
-# kernel launch about 4 us from Python (under 1 us inside a CUDA graph).
+# kernel launch about 4 us from Python (under 1 us inside a CUDA graph). Only products by a
+# constant weight reach the int8 tensor cores (cuBLASLt takes the weight transposed and
+# centered while planning: knopt/cuda/gen/imma.py); a product of two computed operands runs a
+# direct int32 kernel: BERT-base's 8-bit Q @ K^T at batch 32, 0.81 GOP, took 122 us (6.6 TOP/s).
 H200 = DeviceProfile(
     "h200",
     bandwidth=4.2e12,
-    peak={"f32": 51e12, "f16": 760e12, "f64": 60e12, "int": 30e12, "i8": 1520e12},
+    peak={
+        "f32": 51e12,
+        "f16": 760e12,
+        "f64": 60e12,
+        "int": 30e12,
+        "i8": 1520e12,
+        "i8-varying": 6.6e12,
+    },
     launch=4e-6,
 )
 H200_GRAPH = DeviceProfile("h200-graph", H200.bandwidth, H200.peak, launch=0.8e-6)
@@ -258,7 +276,8 @@ class CostModel:
         ops, body_flops = self._bodies(node)
         flops = self.flops(cls, node, out) + body_flops * self._body_elements(cls, node, out)
         if node.op in _INT8_PRODUCTS:
-            rate = self.profile.int8_product_rate()
+            varying = node.args[1].id in self.data.relations.get("varies", ())
+            rate = self.profile.int8_product_rate(varying_weight=varying)
         else:
             rate = self.profile.flops_per_second(self.dtype(children[0]) if children else DType.F32)
         launches = 1 + ops if self.profile.per_op_launch else 1
