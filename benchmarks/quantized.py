@@ -316,7 +316,7 @@ EXTRA_STREAM = (
     StreamConfig(1, unroll=8),
     StreamConfig(1, warps=8),
     StreamConfig(1, rows=4, unroll=2),
-    StreamConfig(1, rows=4),
+    StreamConfig(1),
     StreamConfig(2, rows=1),
     StreamConfig(2, rows=4, unroll=2),
     StreamConfig(4, rows=1),

@@ -359,6 +359,8 @@ class W4A16:
             raise CodegenError(f"W4A16 takes float16 or bfloat16 activations, not {self.dtype}")
         if self.block not in BLOCK_SIZES:
             raise CodegenError(f"W4A16 block size {self.block} is not one of {BLOCK_SIZES}")
+        for family in ("gemv", "gemm", "stream"):  # a kernel is defined once a module
+            object.__setattr__(self, family, tuple(dict.fromkeys(getattr(self, family))))
 
     @property
     def name(self) -> str:

@@ -166,6 +166,12 @@ def test_k_is_split_no_finer_than_two_chunks_a_split() -> None:
     assert plan.grid == (4, 1, 2)
 
 
+def test_a_module_defines_each_kernel_once() -> None:
+    w4 = W4A16(DType.F16, 128, stream=(StreamConfig(1), StreamConfig(1), StreamConfig(2)))
+    assert w4.stream == (StreamConfig(1), StreamConfig(2))
+    assert len(set(w4.kernel_names)) == len(w4.kernel_names)
+
+
 def test_configs_outside_the_module_are_refused() -> None:
     w4 = W4A16(DType.F16, 128, (GemvConfig(),), (GemmConfig(16, 4),), (StreamConfig(2),))
     with pytest.raises(CodegenError, match="no GEMV"):
@@ -490,7 +496,7 @@ STREAM_VARIANTS = (
     *DEFAULT_STREAM,
     StreamConfig(1, rows=1, unroll=1),
     StreamConfig(1, rows=1, unroll=8),
-    StreamConfig(1, rows=4, unroll=4),
+    StreamConfig(1, rows=2, unroll=4),
     StreamConfig(3, rows=4, unroll=2),
     StreamConfig(2, rows=1, unroll=2, warps=8),
 )
