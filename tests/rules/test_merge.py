@@ -18,6 +18,7 @@ from knopt.opt import OptimizeResult
 from tests.models import fixtures
 from tests.oracle import assert_same, run_onnxruntime
 from tests.rules.helpers import F32, graph_of, random_feeds
+from tests.rules.test_quantize import Model
 
 D = 16  # the shared input's last size
 _RNG = np.random.default_rng(31)
@@ -65,7 +66,7 @@ def test_projections_with_biases_become_one_gemm(profile: str) -> None:
     # Q, K and V of grouped-query attention: one wide and two narrow projections.
     result = _optimize(graph_of(lambda g: _projections(g, (16, 8, 8))), profile)
     assert _fired(result, "merge-matmuls") == 2  # a chain of three siblings: two steps
-    assert _fired(result, "merge-biases") == 2
+    assert _fired(result, "merged-constants") == 2
     assert _kinds(result) == ["matmul"], _kinds(result)  # the biases are its epilogue
     assert result.graph.op_histogram().get("Slice") == 3
 
@@ -82,7 +83,7 @@ def test_bert_base_projections_at_batch_1_become_one_gemm(profile: str) -> None:
 def test_projections_without_biases_become_one_gemm() -> None:
     result = _optimize(graph_of(lambda g: _projections(g, (8, 8), bias=False)))
     assert _kinds(result) == ["matmul"]
-    assert _fired(result, "merge-biases") == 0
+    assert _fired(result, "merged-constants") == 0
 
 
 def test_weights_broadcast_over_a_symbolic_batch_merge() -> None:
@@ -98,6 +99,7 @@ def test_weights_broadcast_over_a_symbolic_batch_merge() -> None:
     graph = graph_of(build)
     result = knopt.optimize(graph, profile="h200", ilp=False)
     assert _fired(result, "merge-broadcast-matmuls") == 1
+    assert _fired(result, "merge-binaries-with-constants-first") == 1  # the biases
     assert _kinds(result) == ["matmul"]
     before, after = bind_symbols(graph, {"batch": 3}), bind_symbols(result.graph, {"batch": 3})
     feeds = random_feeds(before, np.random.default_rng(6))
@@ -130,7 +132,7 @@ def test_merging_that_loses_an_epilogue_is_left_to_the_cost_model() -> None:
         return [g.unary(Unary.GELU_TANH, y), z]
 
     result = _optimize(graph_of(build))
-    assert _fired(result, "merge-biases") == 1
+    assert _fired(result, "merged-constants") == 1
     assert _kinds(result) == ["matmul", "matmul"]
     assert "Slice" not in result.graph.op_histogram()
 
@@ -182,7 +184,7 @@ def test_biases_that_vary_along_the_rows_do_not_merge() -> None:
 
     result = _optimize(graph_of(build))
     assert _fired(result, "merge-matmuls") == 1
-    assert _fired(result, "merge-biases") == 0
+    assert _fired(result, "merged-constants") == 0
 
 
 # ---- convolutions ------------------------------------------------------------------------------
@@ -247,3 +249,67 @@ def test_attention_projections_of_fixtures_are_one_gemm_per_layer(file: str) -> 
     }
     before, after = bind_symbols(graph, sizes), bind_symbols(result.graph, sizes)
     assert_same(run_graph(after, feeds), run_graph(before, feeds))
+
+
+# ---- integer products --------------------------------------------------------------------------
+
+
+def _quantized_projections(zeros: Sequence[int], weight_zeros: Sequence[int] = (0, 0, 0)) -> bytes:
+    """Q, K and V projections of one 8-bit input, as quantize_static writes them.
+
+    Per-channel int8 weights; each output quantized and dequantized with a scale and zero point
+    of its own. Scales are powers of two and sums short, so the float model is exact too.
+    """
+    m = Model()
+    x = m.qdq(m.input("x", ["batch", 5, D]), 0.25, -3, np.int8)
+    outs = []
+    for i, (zero, weight_zero) in enumerate(zip(zeros, weight_zeros, strict=True)):
+        codes = _RNG.integers(-127, 128, (D, 8)).astype(np.int8)
+        scales = np.exp2(-_RNG.integers(5, 8, 8)).astype(np.float32)
+        w = m.dq(codes, scales, np.full(8, weight_zero, np.int8), axis=1)
+        outs.append(m.qdq(m.node("MatMul", [x, w]), 2.0 ** -(i + 1), zero, np.int8))
+    return m.build_outputs(outs)
+
+
+def _integer_merge(model: bytes) -> OptimizeResult:
+    graph = knopt.load(model)
+    result = knopt.optimize(graph, profile="h200", ilp=False)
+    before, after = bind_symbols(graph, {"batch": 2}), bind_symbols(result.graph, {"batch": 2})
+    x = (np.random.default_rng(8).integers(-40, 40, (2, 5, D)) / 8).astype(np.float32)
+    for ours, theirs in zip(run_graph(after, {"x": x}), run_graph(before, {"x": x}), strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("zeros", "rule"),
+    [
+        ((0, 4, -6), "merge-zero-point-of-one-part"),
+        ((4, 0, -6), "merge-zero-point-of-other-part"),
+    ],
+)
+def test_quantized_projections_become_one_integer_product(
+    zeros: tuple[int, ...], rule: str
+) -> None:
+    # Each part dequantizes and requantizes with its own scales and zero points, which merge
+    # as concatenated vectors; one part's zero point of 0 was removed by algebra, and merges
+    # as a 0 beside the other part's.
+    result = _integer_merge(_quantized_projections(zeros))
+    assert _fired(result, "merge-broadcast-int-matmuls") == 2
+    assert _fired(result, "merged-constants") > 0
+    assert _fired(result, "merge-nan-saturations") == 2
+    assert _fired(result, "merge-binaries-with-constants") > 0
+    # The weight's scale times the activations' does not fold over a symbolic batch.
+    assert _fired(result, "merged-constant-operands") == 2
+    assert _fired(result, rule) == 1
+    kinds = [str(k.kind) for k in result.program.launches()]
+    assert kinds == ["elementwise", "int_matmul"], kinds
+    (product,) = [n for n in result.graph.nodes if n.op.name == "IntMatMul"]
+    assert product.inputs[1].shape[-1] == 3 * 8
+
+
+def test_integer_products_whose_weights_have_other_zero_points_do_not_merge() -> None:
+    # The second weight's zero point differs: the chain stops before it (and the third).
+    result = _integer_merge(_quantized_projections((0, 0, 0), weight_zeros=(0, 1, 0)))
+    assert _fired(result, "merge-broadcast-int-matmuls") == 0
+    assert [str(k.kind) for k in result.program.launches()].count("int_matmul") == 3

@@ -66,9 +66,12 @@ class Model:
     def build(self, output: str) -> bytes:
         self.nodes[-1].output[0] = "y"
         del output
-        graph = helper.make_graph(
-            self.nodes, "q", self.inputs, [onnx.ValueInfoProto(name="y")], self.inits
-        )
+        return self.build_outputs(["y"])
+
+    def build_outputs(self, outputs: Sequence[str]) -> bytes:
+        """The model whose outputs are these values."""
+        infos = [onnx.ValueInfoProto(name=name) for name in outputs]
+        graph = helper.make_graph(self.nodes, "q", self.inputs, infos, self.inits)
         opsets = [helper.make_opsetid("", self.opset), helper.make_opsetid("com.microsoft", 1)]
         return helper.make_model(graph, opset_imports=opsets).SerializeToString()
 
@@ -270,13 +273,17 @@ def test_static_batch_products_fuse_their_epilogues_and_match_onnxruntime(
     rng: np.random.Generator,
 ) -> None:
     # The weights' scales broadcast over the batch (2 x 768 x 768 elements) are too large to
-    # fold: computed at run time, they and the dequantize -> bias -> requantize chains after each
-    # product still join the integer product's epilogue (before: 38 kernels, most of one op).
+    # fold; read as their rows, they fold, and the dequantize -> bias -> requantize chains after
+    # each product join the integer product's epilogue (before: 38 kernels, most of one op).
     model = _bert_like_layer(rng, batch=2, rows=3, width=768)
     result = knopt.optimize(knopt.load(model), profile="h200", ilp=False)
     kinds = [str(k.kind) for k in result.program.launches()]
     assert kinds.count("int_matmul") == 2
     assert len(kinds) == 3, kinds
+    # Each weight's scale is read as its vector of 768 (sliced-scale-row), which folds with
+    # the activations' scale, not as a slice of its spread over the batch.
+    assert result.report.rules_fired.get("sliced-scale-row", 0) == 2
+    assert "Slice" not in result.graph.op_histogram()
     magnitude = rng.uniform(0.125, 5.0, (2, 3, 768)).astype(np.float32)
     x = np.where(rng.random((2, 3, 768)) < 0.5, -magnitude, magnitude)
     (ours,) = knopt.compile(result.graph).run(None, {"x": x})
@@ -317,13 +324,22 @@ def test_float_attention_of_quantized_projections_stays_one_attention_kernel(
     # Q @ K^T of the projections' codes is an integer product too (int-matmul-of-dequantized-
     # codes), but the GPU has no tensor-core path for a product of two computed operands: at
     # BERT-base's sizes it is priced, and measured, far above the fused float Attention (122 us
-    # against 23 us a layer), which the program keeps.
+    # against 23 us a layer), which the program keeps. The projections, whose scales and zero
+    # points differ, are one integer product over their concatenated weights (merge.egg), its
+    # epilogue dequantizing what Attention reads: the quantized input, one GEMM, Attention.
     model = _quantized_attention(rng, width=768, heads=12)
     graph = knopt.load(model)
     result = knopt.optimize(graph, profile="h200", ilp=False, sizes={"batch": 32, "seq": 128})
     kinds = [str(k.kind) for k in result.program.launches()]
-    assert kinds.count("Attention") == 1, kinds
-    assert kinds.count("int_matmul") == 3, kinds
+    assert kinds == ["elementwise", "int_matmul", "Attention"], kinds
+    (product,) = [n for n in result.graph.nodes if n.op.name == "IntMatMul"]
+    assert product.inputs[1].shape[-1] == 3 * 768
+    fired = result.report.rules_fired
+    assert (
+        fired.get("merge-zero-point-of-one-part", 0)
+        + fired.get("merge-zero-point-of-other-part", 0)
+        == 1
+    )
     x = (rng.integers(-40, 40, (2, 5, 768)) / 8).astype(np.float32)
     (ours,) = knopt.compile(result.graph).run(None, {"x": x})
     options = ort.SessionOptions()

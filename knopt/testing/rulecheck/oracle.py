@@ -321,13 +321,6 @@ def _context_only(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | 
     return None
 
 
-def _plus_bias(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
-    s, y, b = args
-    total = ctx.values.value(y.id)
-    expected = total + np.broadcast_to(ctx.values.value(b.id), total.shape).astype(total.dtype)
-    return _close(ctx.values.value(s.id), expected, "y + b")
-
-
 def _merged_pair(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     m, y, e, axis = args
     merged, first, second = (ctx.values.value(c.id) for c in (m, y, e))
@@ -403,6 +396,14 @@ def _uniform(axis: int) -> Oracle:
         return None if _same(np.broadcast_to(first, x.shape), x) else f"varies along axis {axis}"
 
     return oracle
+
+
+def _scale_row(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
+    t, r = (ctx.values.value(a.id) for a in args)
+    spreads = r.ndim == t.ndim and all(d in (1, n) for d, n in zip(r.shape, t.shape, strict=True))
+    if not spreads or r.ndim < 2 or r.shape[-2] != 1:
+        return f"a row of shape {r.shape} for a scale of shape {t.shape}"
+    return _exact(t, np.broadcast_to(r, t.shape), "the scale spread from its row")
 
 
 def _int_product(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
@@ -540,8 +541,9 @@ ORACLES: dict[str, Oracle] = {
     "sibling-first": _context_only,
     "sibling-after": _context_only,
     "chain-end": _context_only,
-    "plus-bias": _plus_bias,
     "merged-pair": _merged_pair,
+    "constant-pair": _merged_pair,
+    "pair-wanted": _context_only,
     "runtime": _runtime,
     "epilogue-cap": _context_only,
     "splat-of": _splat_of,
@@ -550,6 +552,7 @@ ORACLES: dict[str, Oracle] = {
     "scale": _context_only,
     "across-last": _uniform(-1),
     "across-penult": _uniform(-2),
+    "scale-row": _scale_row,
     "int-product": _int_product,
     "int-body": _int_body,
     "quantized": _quantized,

@@ -172,6 +172,22 @@ AWAITING_INSTANCES = {
     "int4-weight-of-dequantized",
     "nbits-rows",
     "pack-pairs",
+    # merge.egg's integer products and their epilogues: a chain of 8-bit products by weights
+    # broadcast over the batch with one zero point; constants paired only where both parts'
+    # ops read them (constant-pair, behind pair-wanted, behind a merged pair: deeper than the
+    # instances drawn reach), and the ops that read such pairs; a zero point in one part only
+    # (two mirror rules: which part comes first is the order of the weights' table indices,
+    # which an instance cannot choose, so the other rule matches it). Checked end to end,
+    # merged against unmerged bit for bit, by the integer tests of tests/rules/test_merge.py
+    # (each rule fires there) and against onnxruntime by tests/rules/test_quantize.py.
+    "merge-broadcast-int-matmuls",
+    "merged-constants",
+    "merged-constant-operands",
+    "merge-binaries-with-constants",
+    "merge-binaries-with-constants-first",
+    "merge-nan-saturations",
+    "merge-zero-point-of-one-part",
+    "merge-zero-point-of-other-part",
 }
 
 
