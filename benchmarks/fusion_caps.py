@@ -49,10 +49,10 @@ BODY, EPILOGUE = 12, 8  # the caps as shipped
 BODY_CAPS = (4, 8, 12, 16, 24, 32)
 EPILOGUE_CAPS = (2, 4, 8, 12, 16)
 # A body's cap is a literal at the end of a guard on `body-size`: `(< (body-size bx) 12)`; an
-# epilogue's is the float main ops' `(set (epilogue-cap y) 8)` (integer products' epilogues, which
-# carry their dequantization and requantization, have caps of their own). Lines of fusion.egg
-# with each:
-_GUARDS = {"body": 12, "epilogue": 4}
+# epilogue's is the reductions' and softmax's `(set (epilogue-cap y) 8)` (norms', which may
+# quantize their result, and integer products', which carry their dequantization and
+# requantization, have caps of their own). Lines of fusion.egg with each:
+_GUARDS = {"body": 12, "epilogue": 2}
 
 
 def fusion_rules(body: int, epilogue: int) -> list[RuleFile]:
@@ -74,7 +74,7 @@ def fusion_rules(body: int, epilogue: int) -> list[RuleFile]:
 def _with_caps(text: str, body: int, epilogue: int) -> str:
     lines, found = [], {"body": 0, "epilogue": 0}
     for line in text.splitlines(keepends=True):
-        if "(set (epilogue-cap y) 8)" in line:  # float epilogues; integer products' keep theirs
+        if "(set (epilogue-cap y) 8)" in line:  # norms' and integer products' keep theirs
             line = line.replace("(epilogue-cap y) 8)", f"(epilogue-cap y) {epilogue})")
             found["epilogue"] += 1
         elif "(body-size b" in line and re.search(r" 12\)", line):

@@ -347,3 +347,29 @@ def test_float_attention_of_quantized_projections_stays_one_attention_kernel(
     session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     (theirs,) = session.run(None, {"x": x})
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * float(np.abs(theirs).max()))
+
+
+def test_a_norm_writes_the_codes_its_products_and_residual_read(rng: np.random.Generator) -> None:
+    # quantize_static quantizes a LayerNorm's result for the next product and dequantizes the
+    # same codes for the residual: the norm kernel writes the codes (its epilogue quantizes),
+    # the product's epilogue dequantizes them where it adds the residual (full-cast-of-codes),
+    # and no kernel writes a float copy of them (before: a Cast and an elementwise kernel).
+    m = Model(opset=17)
+    gamma, beta = m.const(_pow2(rng, (64,))), m.const(_pow2(rng, (64,)))
+    h = m.qdq(m.node("LayerNormalization", [m.input("x", [2, 8, 64]), gamma, beta]), 0.25, 5, I8)
+    codes: np.ndarray = rng.integers(-127, 128, (64, 64)).astype(I8)
+    w = m.dq(codes, _pow2(rng, (64,)), np.zeros(64, I8), axis=1)
+    y = m.qdq(m.node("MatMul", [h, w]), 2.0, -4, I8)
+    m.node("Add", [m.node("Add", [m.const(_pow2(rng, (64,))), y]), h])
+    model = m.build("y")
+    result = knopt.optimize(knopt.load(model), profile="h200", ilp=False)
+    kinds = [str(k.kind) for k in result.program.launches()]
+    assert kinds == ["layer_norm", "int_matmul"], kinds
+    assert result.report.rules_fired.get("full-cast-of-codes", 0) > 0
+    x = rng.standard_normal((2, 8, 64)).astype(np.float32)
+    (ours,) = knopt.compile(result.graph).run(None, {"x": x})
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    (theirs,) = session.run(None, {"x": x})
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * float(np.abs(theirs).max()))
