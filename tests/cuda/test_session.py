@@ -33,7 +33,7 @@ def test_session_runs_numpy_feeds_like_cpu() -> None:
 
 
 def test_session_takes_torch_tensors_and_returns_device_arrays() -> None:
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="feeds and reads CUDA tensors through torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA")
     fixture = _fixture("bert_dynamo18.onnx")
@@ -91,7 +91,7 @@ def _decode_waiting(
 
 
 def test_decoding_on_device_outputs_without_waiting_equals_the_waiting_path() -> None:
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="feeds and reads CUDA tensors through torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA")
     prompt = np.random.default_rng(0).integers(0, 64, (2, PROMPT))
@@ -131,7 +131,7 @@ def test_decoding_on_device_outputs_without_waiting_equals_the_waiting_path() ->
 
 
 def test_a_device_array_is_handed_over_in_stream_order_until_the_next_run() -> None:
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="feeds and reads CUDA tensors through torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA")
     fixture = _fixture("bert_dynamo18.onnx")
