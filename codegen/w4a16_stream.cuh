@@ -230,11 +230,13 @@ __device__ __forceinline__ void stream_part(float acc[R][C], const T* __restrict
   Rows<BLOCK, R> rows(b, scales, zeros, n, k, first, lane, part);
   const T* arow[C];  // A at the lane's first piece; rows past M repeat row 0
 #pragma unroll
-  for (int c = 0; c < C; ++c) arow[c] = a + (size_t)(c < m ? c : 0) * k + 32 * lane + 1024 * part;
+  for (int c = 0; c < C; ++c) {
+    arow[c] = a + (size_t)(c < m ? c : 0) * k + 32 * lane + 1024 * part;
+  }
   const int pieces = (k + BLOCK - 1) / BLOCK * BLOCK / 32;  // of each row
   const int full = pieces / 32, count = full + (pieces % 32 ? 1 : 0);  // rounds of all parts
-  const int whole = full > part ? (full - part + SPLIT - 1) / SPLIT : 0;     // this part's
-  const int mine = count > part ? (count - part + SPLIT - 1) / SPLIT : 0;    // rounds
+  const int whole = full > part ? (full - part + SPLIT - 1) / SPLIT : 0;     // the part's whole
+  const int rounds = count > part ? (count - part + SPLIT - 1) / SPLIT : 0;  // and all rounds
   const int last = lane < pieces % 32 ? whole : 0;  // the lane's piece in a last, partial round
   const int left = k - 32 * lane - 1024 * part;     // k from the lane's first piece to K
   // The part's round `base + j` into `s`, the pointers being at its round `base`.
@@ -242,21 +244,21 @@ __device__ __forceinline__ void stream_part(float acc[R][C], const T* __restrict
     const int i = base + j;
     if (i < whole) {
       s.w.load(rows, SPLIT * j);
-    } else if (i < mine) {
+    } else if (i < rounds) {
       s.w.load(rows, SPLIT * (last - base));
     }
-    if (AHEAD && i < mine) {
+    if (AHEAD && i < rounds) {
       s.x.load(arow, SPLIT * j, left - 1024 * SPLIT * i, left >= 1024 * SPLIT * i + 32);
     }
   };
   Slot<T, BLOCK, R, C, AHEAD> ring[U];
 #pragma unroll
   for (int j = 0; j < U; ++j) fill(ring[j], 0, j);
-  for (int base = 0; base < mine; base += U) {
+  for (int base = 0; base < rounds; base += U) {
 #pragma unroll
     for (int j = 0; j < U; ++j) {
       const int i = base + j;
-      if (i < mine) {
+      if (i < rounds) {
         if (!AHEAD) {
           ring[j].x.load(arow, SPLIT * j, left - 1024 * SPLIT * i,
                          left >= 1024 * SPLIT * i + 32);
