@@ -15,8 +15,8 @@ In one process, on one stream, interleaved round by round, timed with CUDA event
   dequantized. TFLOP/s count 2 M N K; GB/s count the bytes of the packed weight, scales and
   zero points. `--w4a16-only` times M from 1 to 1024, every GEMV (mma and stream) and GEMM
   configuration and the dequantize + cuBLASLt route beside the rule's choice, and M = 1 "cold"
-  too, the rule's choice and the default stream GEMV (each launch reads another copy of the
-  weights, so that they come from HBM, not L2).
+  too, the rule's choice, the default stream GEMV and the stream candidates (each launch reads
+  another copy of the weights, so that they come from HBM, not L2).
 
 Each timing is the median over rounds of the CUDA-event time of a CUDA graph of `inner`
 launches, divided by `inner` (graphs keep Python's launch overhead out of microsecond kernels).
@@ -62,6 +62,7 @@ from knopt.cuda.w4a16 import (  # noqa: E402
     DEFAULT_STREAM,
     GEMM_BMS,
     GEMV_MAX_M,
+    STREAM_CANDIDATES,
     STREAM_MAX_M,
     W4A16,
     GemvConfig,
@@ -307,7 +308,8 @@ EXTRA_GEMV = (
     GemvConfig(warps=4, split=2),
 )
 
-# The stream GEMV's knobs around its defaults at 1, 2 and 4 columns (M = 1, 2, 3-4).
+# The stream GEMV's knobs around its defaults at 1, 2 and 4 columns (M = 1, 2, 3-4), and the
+# candidates built for latency at M = 1 (K split over warps, activations loaded ahead).
 EXTRA_STREAM = (
     *DEFAULT_STREAM,
     StreamConfig(1, rows=1),
@@ -321,6 +323,7 @@ EXTRA_STREAM = (
     StreamConfig(2, rows=4, unroll=2),
     StreamConfig(4, rows=1),
     StreamConfig(4, rows=4, unroll=1),
+    *STREAM_CANDIDATES,
 )
 
 
@@ -402,10 +405,11 @@ def _w4a16_methods(
         cold = [weight] + [_w4_weight(n, k, weight.block, seed) for seed in range(1, copies)]
         plan = w4.plan(m, n, k, bench.sm_count, blas=bench.blas)
         methods["knopt W4A16 cold"] = W4Launch(bench, kernels, plan, a, cold)
-        stream = _variant_name(DEFAULT_STREAM[0])
-        if stream in methods:  # checked above
-            plan = w4.plan(m, n, k, bench.sm_count, config=DEFAULT_STREAM[0])
-            methods[f"{stream} cold"] = W4Launch(bench, kernels, plan, a, cold)
+        for config in (DEFAULT_STREAM[0], *STREAM_CANDIDATES):
+            stream = _variant_name(config)
+            if stream in methods:  # checked above
+                plan = w4.plan(m, n, k, bench.sm_count, config=config)
+                methods[f"{stream} cold"] = W4Launch(bench, kernels, plan, a, cold)
         fp16_copies = max(2, -(-bench.l2_bytes * 2 // (2 * n * k)))
         fp16 = itertools.cycle([c.w16 for c in cold[:fp16_copies]])
         methods["torch fp16 cold"] = partial(_linear_next, a, fp16)

@@ -1,18 +1,22 @@
 // codegen/w4a16_stream.cuh: the stream GEMV, Y = A @ W^T + bias for M <= 4 rows of A, on the
 // CUDA cores, for an int4 weight in MatMulNBits' layout (codegen/w4a16.cuh describes it and the
 // dequantization used here). Built to stream the weight with little fixed cost a launch:
-//   * each warp owns R consecutive rows of W (output features) and the whole of K: lane l reads
-//     16 bytes (32 codes) of each row a load, its i-th piece at k = 32 (l + 32 i), so one load
-//     of the warp is 512 contiguous bytes of a row, bypassing L1 (each code is read once). U
-//     pieces of every row are in flight a lane, in a ring of register buffers whose roles rotate
-//     by unrolling (as in the mma GEMV: a copy between buffers would wait for the load);
+//   * each warp owns R consecutive rows of W (output features) and one of SPLIT parts of K
+//     (the rounds below, dealt out in turn: round t to part t % SPLIT, each part a warp of the
+//     same block): lane l reads 16 bytes (32 codes) of each row a load, its piece of round t at
+//     k = 32 (l + 32 t), so one load of the warp is 512 contiguous bytes of a row, bypassing L1
+//     (each code is read once). U pieces of every row are in flight a lane, in a ring of
+//     register buffers whose roles rotate by unrolling (as in the mma GEMV: a copy between
+//     buffers would wait for the load);
 //   * A (C rows; rows past M repeat row 0 and are never stored) comes through the read-only
 //     path: the warps of an SM read the same K halves, L1 hits after the first; one 16-byte
-//     load of A serves the R rows;
+//     load of A serves the R rows. AHEAD puts A's pieces in the ring too, loaded with the
+//     codes they meet, instead of just before their use;
 //   * each weight is dequantized to T as every W4A16 kernel does it ((code - zero) * scale,
 //     rounded once; "split" pairs) and multiplied by A in T's paired FMAs: the products of one
 //     piece are summed in T, 8 a half (two chains: even and odd words), then in fp32;
-//   * the lanes' sums meet by warp shuffles: no shared memory, barrier or atomic.
+//   * the lanes' sums meet by warp shuffles, then (SPLIT > 1) the parts' in shared memory, in
+//     part order, after one barrier: no atomic, no second pass.
 // Needs K % 8 == 0 and K_pad % 32 == 0, as the mma kernels (knopt/cuda/w4a16.py checks both).
 #pragma once
 #include "w4a16.cuh"
@@ -33,13 +37,16 @@ __device__ __forceinline__ float2 to_float2(__half2 v) { return __half22float2(v
 __device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
 
 // Where a lane's first piece of each of a warp's R rows lies, as pointers: its 16 bytes of
-// codes (k = 32 lane), its block's scale (both blocks' for blocks of 16: k / 16 is even, so one
-// aligned word), and the byte holding its zero point (if `zeros`). Piece i lies 1024 i codes
-// further, 1024 / BLOCK blocks: an even number for every block size, so whole bytes of zero
-// points, and the zero point's nibble is the same in every piece of the lane. A row past N
-// points at row `first` (inside N) instead and feeds only outputs that are never stored.
+// codes, its block's scale (both blocks' for blocks of 16: k / 16 is even, so one aligned
+// word), and the byte holding its zero point (if `zeros`). The first piece is that of round
+// `round` (k = 32 (lane + 32 round)), or the row's first when that lies past the row: such a
+// lane has no piece inside the row in this part and rereads one inside it against zero
+// activations. Each round lies 1024 codes further, 1024 / BLOCK blocks: an even number for
+// every block size, so whole bytes of zero points, and the zero point's nibble is the same in
+// every piece of the lane. A row past N points at row `first` (inside N) instead and feeds
+// only outputs that are never stored.
 template <int BLOCK, int R> struct Rows {
-  static constexpr int SCALES = 1024 / BLOCK;  // scales (and blocks) a piece index further
+  static constexpr int SCALES = 1024 / BLOCK;  // scales (and blocks) a round further
   const uint4* code[R];
   const unsigned short* scale[R];
   const u8* zero[R];  // (the codes when there are no zero points: never read)
@@ -47,19 +54,31 @@ template <int BLOCK, int R> struct Rows {
   u32 nibble;  // the zero point's shift in its byte (0 or 4; for blocks of 16, the first's: 0)
 
   __device__ Rows(const u8* codes, const void* scales, const u8* zeros, int n, int k, int first,
-                  int lane)
+                  int lane, int round)
       : zeros(zeros != nullptr) {
     const u32 blocks = ((u32)k + BLOCK - 1) / BLOCK;
     const u32 kp = blocks * BLOCK;
-    const u32 blk = 32u * lane / BLOCK;  // the lane's first block
+    const u32 wanted = (u32)lane + 32u * round;         // the piece, in 32-code units
+    const u32 piece = 32u * wanted < kp ? wanted : 0u;  // past the row: the row's first
+    const u32 blk = 32u * piece / BLOCK;                // the piece's first block
     nibble = (blk & 1u) * 4u;
     const unsigned short* s = reinterpret_cast<const unsigned short*>(scales);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const u32 row = first + r < n ? first + r : first;
-      code[r] = reinterpret_cast<const uint4*>(codes + (row * (kp / 2) + 16u * lane));
+      code[r] = reinterpret_cast<const uint4*>(codes + (row * (kp / 2) + 16u * piece));
       scale[r] = s + (row * blocks + blk);
       zero[r] = zeros ? zeros + (row * ((blocks + 1) / 2) + blk / 2) : codes;
+    }
+  }
+
+  // The pointers `rounds` rounds further.
+  __device__ __forceinline__ void advance(int rounds) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      code[r] += 32 * rounds;
+      scale[r] += SCALES * rounds;
+      zero[r] += SCALES / 2 * rounds;
     }
   }
 };
@@ -71,7 +90,8 @@ template <int BLOCK, int R> struct Piece {
   u32 scale[R];
   u32 zero[R];
 
-  // Piece i of each row (i a constant after unrolling, an immediate offset in every load).
+  // The piece `i` rounds past the pointers' of each row (i a constant after unrolling, an
+  // immediate offset in every load).
   __device__ __forceinline__ void load(const Rows<BLOCK, R>& rows, int i) {
     constexpr int S = Rows<BLOCK, R>::SCALES;
 #pragma unroll
@@ -87,8 +107,8 @@ template <int BLOCK, int R> struct Piece {
   }
 };
 
-// A lane's activations of one piece: 32 k of each of the C rows of A from `p[c]` (k0 of the
-// piece), zeros from `left` (K less k0) on. `inside`: the piece lies inside K.
+// A lane's activations of one piece: 32 k of each of the C rows of A from `p[c]` + 1024 i (k0
+// of the piece), zeros from `left` (K less k0) on. `inside`: the piece lies inside K.
 template <typename T, int C> struct PieceActs {
   uint4 x[C][4];
 
@@ -155,10 +175,8 @@ __device__ __forceinline__ void stream_piece(float acc[R][C], const Piece<BLOCK,
   }
 }
 
-// The warp's sums added over its lanes; lane r C + c stores Y[c][first + r] (+ bias).
-template <typename T, int R, int C>
-__device__ __forceinline__ void stream_store(const float acc[R][C], int first, int m, int n,
-                                             const T* __restrict__ bias, T* __restrict__ y) {
+// The warp's sum of each output a lane: lane r C + c gets row r, column c (of R C <= 32).
+template <int R, int C> __device__ __forceinline__ float lane_sums(const float acc[R][C]) {
   const int lane = threadIdx.x & 31;
   float mine = 0.0f;
 #pragma unroll
@@ -171,65 +189,115 @@ __device__ __forceinline__ void stream_store(const float acc[R][C], int first, i
       if (lane == r * C + c) mine = v;
     }
   }
-  if (lane < R * C) store1<T>(mine, first + lane / C, lane % C, m, n, bias, y);
+  return mine;
 }
 
-// Each lane's pieces: `full` rounds of the warp's 32 pieces inside every row, then when K_pad is
-// not a multiple of 1024 a last round whose pieces past the row (lanes from pieces % 32 on)
-// reread the lane's first piece, against zero activations. Pieces go through the ring at
-// immediate offsets from pointers that step U pieces a turn.
-template <typename T, int BLOCK, int C, int R, int U, int WARPS>
+// The sums of the SPLIT warps (parts of K) of each row group, added in part order in shared
+// memory after one barrier every warp of the block reaches; part 0 stores Y[c][first + r].
+template <typename T, int R, int C, int WARPS, int SPLIT>
+__device__ __forceinline__ void split_store(const float acc[R][C], int first, int m, int n,
+                                            const T* __restrict__ bias, T* __restrict__ y) {
+  __shared__ float partial[WARPS][R * C];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float mine = lane_sums<R, C>(acc);
+  if (lane < R * C) partial[warp][lane] = mine;
+  __syncthreads();
+  if (warp % SPLIT == 0 && lane < R * C) {
+#pragma unroll
+    for (int p = 1; p < SPLIT; ++p) mine += partial[warp + p][lane];
+    store1<T>(mine, first + lane / C, lane % C, m, n, bias, y);
+  }
+}
+
+// One slot of the ring: a piece of each row, and with AHEAD the activations it meets.
+template <typename T, int BLOCK, int R, int C, bool AHEAD> struct Slot {
+  Piece<BLOCK, R> w;
+  PieceActs<T, C> x;
+};
+
+// A warp's part of K into `acc`: its rounds (`part`, `part` + SPLIT, ...) of the lane's
+// pieces: the whole ones, then, if the part has the last, partial round (K_pad not a multiple
+// of 1024), that one, whose pieces past the row (lanes from pieces % 32 on) reread the lane's
+// first piece, against zero activations. Pieces go through the ring at immediate offsets from
+// pointers that step U of the part's rounds a turn.
+template <typename T, int BLOCK, int C, int R, int U, int SPLIT, bool AHEAD>
+__device__ __forceinline__ void stream_part(float acc[R][C], const T* __restrict__ a,
+                                            const u8* __restrict__ b,
+                                            const T* __restrict__ scales,
+                                            const u8* __restrict__ zeros, int m, int n, int k,
+                                            int first, int part) {
+  const int lane = threadIdx.x & 31;
+  Rows<BLOCK, R> rows(b, scales, zeros, n, k, first, lane, part);
+  const T* arow[C];  // A at the lane's first piece; rows past M repeat row 0
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    arow[c] = a + (size_t)(c < m ? c : 0) * k + 32 * lane + 1024 * part;
+  }
+  const int pieces = (k + BLOCK - 1) / BLOCK * BLOCK / 32;  // of each row
+  const int full = pieces / 32, count = full + (pieces % 32 ? 1 : 0);  // rounds of all parts
+  const int whole = full > part ? (full - part + SPLIT - 1) / SPLIT : 0;     // the part's whole
+  const int rounds = count > part ? (count - part + SPLIT - 1) / SPLIT : 0;  // and all rounds
+  const int last = lane < pieces % 32 ? whole : 0;  // the lane's piece in a last, partial round
+  const int left = k - 32 * lane - 1024 * part;     // k from the lane's first piece to K
+  // The part's round `base + j` into `s`, the pointers being at its round `base`.
+  auto fill = [&](Slot<T, BLOCK, R, C, AHEAD>& s, int base, int j) {
+    const int i = base + j;
+    if (i < whole) {
+      s.w.load(rows, SPLIT * j);
+    } else if (i < rounds) {
+      s.w.load(rows, SPLIT * (last - base));
+    }
+    if (AHEAD && i < rounds) {
+      s.x.load(arow, SPLIT * j, left - 1024 * SPLIT * i, left >= 1024 * SPLIT * i + 32);
+    }
+  };
+  Slot<T, BLOCK, R, C, AHEAD> ring[U];
+#pragma unroll
+  for (int j = 0; j < U; ++j) fill(ring[j], 0, j);
+  for (int base = 0; base < rounds; base += U) {
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const int i = base + j;
+      if (i < rounds) {
+        if (!AHEAD) {
+          ring[j].x.load(arow, SPLIT * j, left - 1024 * SPLIT * i,
+                         left >= 1024 * SPLIT * i + 32);
+        }
+        stream_piece<T, BLOCK, R, C>(acc, ring[j].w, ring[j].x, rows.nibble);
+        fill(ring[j], base, j + U);
+      }
+    }
+    rows.advance(SPLIT * U);  // the next U rounds of the part
+#pragma unroll
+    for (int c = 0; c < C; ++c) arow[c] += 1024 * SPLIT * U;
+  }
+}
+
+// Y = A @ W^T + bias: R rows of W a row group of SPLIT warps, WARPS / SPLIT groups a block.
+template <typename T, int BLOCK, int C, int R, int U, int WARPS, int SPLIT, bool AHEAD>
 __device__ __forceinline__ void stream_gemv(const T* __restrict__ a, const u8* __restrict__ b,
                                             const T* __restrict__ scales,
                                             const u8* __restrict__ zeros,
                                             const T* __restrict__ bias, T* __restrict__ y, int m,
                                             int n, int k) {
   static_assert(R * C <= 32, "a lane stores each of the warp's outputs");
-  const int lane = threadIdx.x & 31;
-  const int first = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * R;
-  if (first >= n) return;  // no barrier follows: a warp past N leaves whole
-  Rows<BLOCK, R> rows(b, scales, zeros, n, k, first, lane);
-  const T* arow[C];  // A at the lane's first piece; rows past M repeat row 0
-#pragma unroll
-  for (int c = 0; c < C; ++c) arow[c] = a + (size_t)(c < m ? c : 0) * k + 32 * lane;
-  const int pieces = (k + BLOCK - 1) / BLOCK * BLOCK / 32;  // of each row
-  const int full = pieces / 32;
-  const int count = full + (pieces % 32 ? 1 : 0);  // rounds
-  const int last = lane < pieces % 32 ? full : 0;  // the lane's piece in a last, partial round
-  const int left = k - 32 * lane;                  // k from the lane's first piece to K
-  // Piece `base + j` into `w`, the pointers being at piece `base`.
-  auto fill = [&](Piece<BLOCK, R>& w, int base, int j) {
-    if (base + j < full) {
-      w.load(rows, j);
-    } else if (base + j < count) {
-      w.load(rows, last - base);
-    }
-  };
+  static_assert(WARPS % SPLIT == 0, "a block holds whole row groups");
+  const int warp = threadIdx.x >> 5;
+  const int first = (blockIdx.x * (WARPS / SPLIT) + warp / SPLIT) * R;
   float acc[R][C] = {};
-  Piece<BLOCK, R> w[U];
-#pragma unroll
-  for (int j = 0; j < U; ++j) fill(w[j], 0, j);
-  for (int base = 0; base < count; base += U) {
-#pragma unroll
-    for (int j = 0; j < U; ++j) {
-      const int i = base + j;
-      if (i < count) {
-        PieceActs<T, C> x;
-        x.load(arow, j, left - 1024 * i, left >= 1024 * i + 32);
-        stream_piece<T, BLOCK, R, C>(acc, w[j], x, rows.nibble);
-        fill(w[j], base, j + U);
-      }
+  if constexpr (SPLIT == 1) {
+    if (first >= n) return;  // no barrier follows: a warp past N leaves whole
+    stream_part<T, BLOCK, C, R, U, 1, AHEAD>(acc, a, b, scales, zeros, m, n, k, first, 0);
+    const int lane = threadIdx.x & 31;
+    const float mine = lane_sums<R, C>(acc);
+    if (lane < R * C) store1<T>(mine, first + lane / C, lane % C, m, n, bias, y);
+  } else {
+    if (first < n) {  // a group past N still reaches the barrier
+      stream_part<T, BLOCK, C, R, U, SPLIT, AHEAD>(acc, a, b, scales, zeros, m, n, k, first,
+                                                   warp % SPLIT);
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {  // the next U pieces
-      rows.code[r] += 32 * U;
-      rows.scale[r] += Rows<BLOCK, R>::SCALES * U;
-      rows.zero[r] += Rows<BLOCK, R>::SCALES / 2 * U;
-    }
-#pragma unroll
-    for (int c = 0; c < C; ++c) arow[c] += 1024 * U;
+    split_store<T, R, C, WARPS, SPLIT>(acc, first, m, n, bias, y);
   }
-  stream_store<T, R, C>(acc, first, m, n, bias, y);
 }
 
 }  // namespace w4

@@ -112,8 +112,11 @@ class GemvConfig:
 class StreamConfig:
     """One compiled stream GEMV: A rows, W rows a warp, loads in flight a lane, warps a block.
 
-    `cols` rows of A are held (M <= cols); a warp owns `rows` rows of W, and each lane keeps
-    `unroll` 16-byte loads of codes of every one of them in flight.
+    `cols` rows of A are held (M <= cols); a row group of `split` warps owns `rows` rows of W,
+    each warp one of `split` parts of K (whose sums meet in shared memory), and each lane keeps
+    `unroll` 16-byte loads of codes of every one of them in flight, with the activations they
+    meet if `ahead` (else those are loaded just before their use). A block holds
+    `warps / split` row groups.
 
     Raises:
         CodegenError: If a knob is out of range, or its registers would not fit a thread.
@@ -123,17 +126,21 @@ class StreamConfig:
     rows: int = 2
     unroll: int = 4
     warps: int = 4
+    split: int = 1
+    ahead: bool = False
 
     def __post_init__(self) -> None:
         if not (
             1 <= self.cols <= STREAM_MAX_M
-            and self.rows in (1, 2, 4)
+            and self.rows in (1, 2, 4, 8)
             and 1 <= self.unroll <= 8
             and 1 <= self.warps <= 32
+            and self.split in (1, 2, 4, 8)
+            and self.warps % self.split == 0
         ):
             raise CodegenError(
-                f"stream GEMV {self}: needs cols 1..{STREAM_MAX_M}, rows 1, 2 or 4, unroll "
-                "1..8 and warps 1..32"
+                f"stream GEMV {self}: needs cols 1..{STREAM_MAX_M}, rows 1, 2, 4 or 8, unroll "
+                "1..8, warps 1..32 and split 1, 2, 4 or 8 dividing warps"
             )
         if self.registers > _REGISTER_STEPS[-1]:
             raise CodegenError(
@@ -149,7 +156,13 @@ class StreamConfig:
     @property
     def suffix(self) -> str:
         """The kernel name's tail."""
-        return f"stream_c{self.cols}_r{self.rows}_u{self.unroll}_w{self.warps}"
+        base = f"stream_c{self.cols}_r{self.rows}_u{self.unroll}_w{self.warps}"
+        return base + (f"_k{self.split}" if self.split > 1 else "") + ("_a" if self.ahead else "")
+
+    @property
+    def block_rows(self) -> int:
+        """Rows of W (output features) a block."""
+        return self.rows * self.warps // self.split
 
     @property
     def registers(self) -> int:
@@ -157,10 +170,12 @@ class StreamConfig:
 
         Fitted to what ptxas (CUDA 13.0, sm_90, both types, blocks of 16 and 128) needs over
         every knob, to within a step of _REGISTER_STEPS: the ring (6 a row and load: codes,
-        scale, zero point), the sums in T (a row and column), A (a column), pointers (a row).
+        scale, zero point), the sums in T (a row and column), A (a column), pointers (a row);
+        with `ahead`, A's pieces in the ring too (16 a column and load, and their pointers).
         """
         r, u, c = self.rows, self.unroll, self.cols
-        return 6 * r * u + 3 * r * c + 9 * c + 12 * r + u
+        ahead = 16 * c * u + 16 if self.ahead else 0
+        return 6 * r * u + 3 * r * c + 9 * c + 12 * r + u + ahead
 
     @property
     def _share(self) -> int:
@@ -208,6 +223,18 @@ DEFAULT_GEMV = tuple(GemvConfig(split=s) for s in SPLITS)
 # codes in flight a lane, 2 at 4 columns. At one column, 4 rows a warp was the fastest of
 # the 8 settings timed (4.7 us against 5.0-9.6); the others are the best guesses.
 DEFAULT_STREAM = (StreamConfig(1, rows=4), StreamConfig(2), StreamConfig(4, unroll=2))
+# Stream GEMVs built for latency at M = 1 (N = K = 4096: 8.4 MB of weight, ~64 KB an SM of
+# 132), for benchmarks/quantized.py to time beside the rule's pick; the rule takes none yet.
+# Each loads all of a lane's share of codes (and with `ahead` activations) before using any,
+# and all but the last two fit N = 4096 in one wave of 132 SMs (min_blocks, from registers):
+STREAM_CANDIDATES = (
+    StreamConfig(1, rows=4, ahead=True),  # the default, A loaded with the codes: 8 warps an SM
+    StreamConfig(1, rows=4, unroll=2, warps=8, split=2),  # K in halves: 16 warps an SM
+    StreamConfig(1, rows=4, unroll=2, split=2),  # the same in blocks of 4 warps
+    StreamConfig(1, rows=8, unroll=2, split=2),  # 8 rows: half as many A loads a code
+    StreamConfig(1, rows=4, unroll=1, split=4),  # one round a warp: 20 of 31 warps an SM at once
+    StreamConfig(1, rows=2, unroll=1, warps=8, split=4),  # 32 of 62 warps an SM at once
+)
 DEFAULT_GEMM = tuple(GemmConfig(bm, gemm_depth(bm), s) for bm in GEMM_BMS for s in SPLITS)
 KernelConfig = GemvConfig | StreamConfig | GemmConfig
 
@@ -408,6 +435,8 @@ class W4A16:
                 ROWS=config.rows,
                 UNROLL=config.unroll,
                 WARPS=config.warps,
+                SPLIT=config.split,
+                AHEAD=str(config.ahead).lower(),
                 MIN_BLOCKS=config.min_blocks,
             )
         if isinstance(config, GemmConfig):
@@ -520,7 +549,7 @@ class W4A16:
         elif isinstance(config, StreamConfig):
             if config not in self.stream or m > config.cols:
                 raise CodegenError(f"{self.name}: no stream GEMV {config} for M={m} in this module")
-            route, grid = Route.GEMV, (-(-n // (config.rows * config.warps)), 1, 1)
+            route, grid = Route.GEMV, (-(-n // config.block_rows), 1, 1)
         elif isinstance(config, GemmConfig) and config in self.gemm:
             route, grid = Route.GEMM, (-(-n // config.rows), -(-m // config.bm), config.split)
         else:
@@ -553,7 +582,7 @@ class W4A16:
         holding = [c for c in self.stream if m <= c.cols]
         defaults = [c for c in holding if c in DEFAULT_STREAM] or holding
         config = min(defaults, key=lambda c: c.cols, default=None)
-        if config is None or -(-n // config.rows) < STREAM_MIN_WARPS * sm_count:
+        if config is None or -(-n // config.rows) * config.split < STREAM_MIN_WARPS * sm_count:
             return None
         return config
 

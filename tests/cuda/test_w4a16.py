@@ -21,6 +21,7 @@ from knopt.cuda.w4a16 import (
     DEFAULT_GEMV,
     DEFAULT_STREAM,
     GEMV_MAX_M,
+    STREAM_CANDIDATES,
     W4A16,
     GemmConfig,
     GemvConfig,
@@ -52,16 +53,17 @@ def test_w4a16_kernels_compile_for_sm_90(tmp_path, monkeypatch) -> None:
     # with the code paths of the templates: a GEMV with and without a cluster, a GEMM with a
     # 16-column tile in a cluster and one with a 64-column tile alone, a stream GEMV (every
     # value of each knob in one format or another), and the dequantizer. (The other configs
-    # differ from these only in template numbers.)
+    # differ from these only in template numbers.) Stream GEMVs with K split over warps and
+    # with activations loaded ahead come beside each format's first.
     nvrtc = _nvrtc()
     monkeypatch.setenv("KNOPT_CACHE_DIR", str(tmp_path))
     gemm = (GemmConfig(16, 4, split=2), GemmConfig(64, 2))
     stream = (
-        StreamConfig(1, rows=1, unroll=1),
-        StreamConfig(2, rows=2, unroll=2, warps=8),
-        StreamConfig(3, rows=4, unroll=1),
-        StreamConfig(4, rows=1, unroll=8),
-        StreamConfig(1, rows=4, unroll=4),
+        (StreamConfig(1, rows=1, unroll=1), StreamConfig(1, rows=4, unroll=2, warps=8, split=2)),
+        (StreamConfig(2, rows=2, unroll=2, warps=8), StreamConfig(1, rows=8, unroll=1, split=4)),
+        (StreamConfig(3, rows=4, unroll=1), StreamConfig(2, rows=2, unroll=2, split=4, ahead=True)),
+        (StreamConfig(4, rows=1, unroll=8), StreamConfig(1, rows=2, warps=16, split=8)),
+        (StreamConfig(1, rows=4, unroll=4), StreamConfig(1, rows=4, unroll=4, ahead=True)),
     )
     formats = [
         W4A16(
@@ -69,7 +71,7 @@ def test_w4a16_kernels_compile_for_sm_90(tmp_path, monkeypatch) -> None:
             block,
             (GemvConfig(split=2),) + ((GemvConfig(),) if block == 128 else ()),
             gemm,
-            (stream[i],),
+            stream[i],
         )
         for i, block in enumerate(BLOCK_SIZES)
     ]
@@ -187,6 +189,9 @@ def test_configs_outside_the_module_are_refused() -> None:
     with pytest.raises(CodegenError, match="no stream GEMV"):
         w4.plan(3, 256, 512, SMS, config=StreamConfig(2))  # it holds 2 rows of A
     assert w4.plan(2, 256, 512, SMS, config=StreamConfig(2)).grid == (32, 1, 1)
+    split = StreamConfig(1, rows=4, unroll=2, warps=8, split=2)  # 4 row groups of 2 warps
+    plan = W4A16(DType.F16, 128, (), (), (split,)).plan(1, 4096, 4096, SMS, config=split)
+    assert (plan.grid, plan.threads, split.block_rows) == ((256, 1, 1), 256, 16)
     # The rule falls back to what the module has.
     assert w4.plan(100, 256, 512, SMS).config == GemmConfig(16, 4)
 
@@ -217,11 +222,14 @@ def test_up_to_its_limit_m_the_rule_takes_the_stream_gemv(
 @pytest.mark.parametrize(
     ("knobs", "message"),
     [
-        ({"rows": 3}, "rows 1, 2 or 4"),
+        ({"rows": 3}, "rows 1, 2, 4 or 8"),
         ({"cols": 5}, "cols 1..4"),
         ({"unroll": 0}, "unroll 1..8"),
         ({"warps": 33}, "warps 1..32"),
+        ({"split": 3, "warps": 6}, "split 1, 2, 4 or 8"),
+        ({"split": 8}, "dividing warps"),  # 4 warps a block
         ({"cols": 2, "rows": 4, "unroll": 8}, "about 290 registers"),
+        ({"cols": 2, "rows": 4, "unroll": 4, "ahead": True}, "about 334 registers"),
     ],
 )
 def test_stream_knobs_out_of_range_are_refused(knobs: dict[str, int], message: str) -> None:
@@ -232,20 +240,24 @@ def test_stream_knobs_out_of_range_are_refused(knobs: dict[str, int], message: s
 def test_stream_blocks_an_sm_leave_each_thread_its_registers() -> None:
     # The blocks `min_blocks` asks of the compiler leave each thread the registers it needs;
     # configurations where even one block cannot are refused.
-    refused = 0
-    for cols, rows, unroll, warps in itertools.product(
-        range(1, 5), (1, 2, 4), range(1, 9), (1, 2, 4, 8, 16, 32)
+    # (Of the knobs without split, ahead and rows of 8, fewer than half are refused.)
+    refused = plain_refused = 0
+    for cols, rows, unroll, warps, split, ahead in itertools.product(
+        range(1, 5), (1, 2, 4, 8), range(1, 9), (1, 2, 4, 8, 16, 32), (1, 2, 4, 8), (False, True)
     ):
+        if warps % split:
+            continue
         try:
-            config = StreamConfig(cols, rows, unroll, warps)
+            config = StreamConfig(cols, rows, unroll, warps, split, ahead)
         except CodegenError:
             refused += 1
+            plain_refused += rows < 8 and split == 1 and not ahead
             continue
         share = 2**16 // (config.min_blocks * 32 * warps)
         assert config.min_blocks >= 1 and share >= config.registers, config
     with pytest.raises(CodegenError, match="fewer warps"):
         StreamConfig(rows=4, warps=32)
-    assert 0 < refused < 4 * 3 * 8 * 6 // 2
+    assert 0 < plain_refused < 4 * 3 * 8 * 6 // 2 and plain_refused < refused
 
 
 def test_every_default_config_has_a_kernel_name() -> None:
@@ -490,15 +502,24 @@ def test_every_kernel_config_matches_dequantize_then_matmul(
 
 
 # Stream GEMVs: every value of each knob, at every M they hold, on shapes that reach their
-# tails: N past a warp's rows and a block's warps, K in whole rounds of 1024 codes a warp with
-# and without a last partial one (K ending inside a block), zero points and a bias or not.
-STREAM_VARIANTS = (
-    *DEFAULT_STREAM,
-    StreamConfig(1, rows=1, unroll=1),
-    StreamConfig(1, rows=1, unroll=8),
-    StreamConfig(1, rows=2, unroll=4),
-    StreamConfig(3, rows=4, unroll=2),
-    StreamConfig(2, rows=1, unroll=2, warps=8),
+# tails: N past a warp's rows and a block's warps (and, K split over warps, a block whose last
+# row group lies past N), K in whole rounds of 1024 codes a warp with and without a last
+# partial one (K ending inside a block; split, rounds dealt to some parts and not others, a
+# part with none), zero points and a bias or not. Those the benchmark times come too.
+STREAM_VARIANTS = tuple(
+    dict.fromkeys(
+        (
+            *DEFAULT_STREAM,
+            StreamConfig(1, rows=1, unroll=1),
+            StreamConfig(1, rows=1, unroll=8),
+            StreamConfig(1, rows=2, unroll=4),
+            StreamConfig(3, rows=4, unroll=2),
+            StreamConfig(2, rows=1, unroll=2, warps=8),
+            StreamConfig(2, rows=8, unroll=1, warps=8, split=8),
+            StreamConfig(4, rows=2, unroll=2, split=2, ahead=True),
+            *STREAM_CANDIDATES,
+        )
+    )
 )
 
 
