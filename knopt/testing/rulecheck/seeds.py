@@ -1,0 +1,232 @@
+"""Seed instances: quantized models' spellings, for rules that random instances do not reach.
+
+Some left sides sit at the end of a long chain of derived facts: an int4 weight is recognised
+through seven rules (unpacked nibbles, blocked scales, repacked codes...), an integer
+product's epilogue merges only behind a merged pair of products, whose constants pair behind
+the ops that read them. Backward chaining through such chains rarely builds an instance that
+every link accepts. Seeds are the spellings these chains were written for, drawn with random
+sizes, codes, scales and zero points: ONNX models of MatMulNBits, of int4 DequantizeLinear and
+of 8-bit QKV projections as `quantize_static` writes them, imported as knopt imports them.
+The rules that make what a rule reads (`seed_deps`) run on them first, and the checked rule
+matches wherever its left side occurs; its applications are judged as any other's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from knopt.ir.graph import Graph
+from knopt.onnx.load import import_model
+from knopt.testing.rulecheck.pattern import IR_CONSTRUCTORS, SATURATED
+from knopt.testing.rulecheck.rulebook import LHS, Rule, Rulebook
+from knopt.testing.rulecheck.sexpr import Expr, head
+
+OPSET = 21  # int4 DequantizeLinear with blocks
+MS = "com.microsoft"
+
+
+class _Model:
+    """A small ONNX model built node by node."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+
+    def input(self, name: str, shape: Sequence[int | str]) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+        return name
+
+    def const(self, array: Any) -> str:
+        name = f"c{len(self.inits)}"
+        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def node(self, op_type: str, inputs: Sequence[str], domain: str = "", **attrs: Any) -> str:
+        out = f"t{len(self.nodes)}"
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], domain=domain, **attrs))
+        return out
+
+    def qdq(self, x: str, scale: float, zero: int) -> str:
+        """QuantizeLinear then DequantizeLinear to int8, one scale and zero point."""
+        s, z = self.const(np.float32(scale)), self.const(np.int8(zero))
+        return self.node("DequantizeLinear", [self.node("QuantizeLinear", [x, s, z]), s, z])
+
+    def graph(self, outputs: Sequence[str]) -> Graph:
+        infos = [onnx.ValueInfoProto(name=name) for name in outputs]
+        graph = helper.make_graph(self.nodes, "seed", self.inputs, infos, self.inits)
+        opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)]
+        return import_model(helper.make_model(graph, opset_imports=opsets), None)
+
+
+def _pow2(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Scales that are powers of two: products of them are exact."""
+    return np.exp2(-rng.integers(2, 6, shape)).astype(np.float32)
+
+
+def _activations(rng: np.random.Generator, k: int) -> list[int | str]:
+    """Activations `[m, k]`, `[1, m, k]` or `[b, m, k]`: the weight is used as it is, viewed
+    with a leading 1, or viewed and broadcast over the batch."""
+    m = int(rng.integers(1, 4))
+    return [[m, k], [1, m, k], [2, m, k]][int(rng.integers(0, 3))]
+
+
+def _nbits(rng: np.random.Generator) -> Graph:
+    """A MatMulNBits product (4-bit, blocks of 16 or 32 along k), with or without zero points."""
+    block = int(rng.choice((16, 32)))
+    k, n = int(rng.integers(block // 2, 2 * block + 1)), int(rng.integers(1, 5))
+    blocks = -(-k // block)
+    m = _Model()
+    args = [
+        m.input("a", _activations(rng, k)),
+        m.const(rng.integers(0, 256, (n, blocks, block // 2), dtype=np.uint8)),
+        m.const(_pow2(rng, (n, blocks))),
+    ]
+    if rng.random() < 0.7:
+        args.append(m.const(rng.integers(0, 256, (n, -(-blocks // 2)), dtype=np.uint8)))
+    y = m.node("MatMulNBits", args, MS, K=k, N=n, bits=4, block_size=block)
+    return m.graph([y])
+
+
+def _int4_dequantized(rng: np.random.Generator) -> Graph:
+    """A MatMul by an int4 or uint4 DequantizeLinear weight with blocks along k."""
+    dtype = (ml_dtypes.int4, ml_dtypes.uint4)[int(rng.integers(0, 2))]
+    block = int(rng.choice((16, 32)))
+    k, n = int(rng.integers(block // 2, 2 * block + 1)), int(rng.integers(1, 5))
+    blocks = -(-k // block)
+    info = ml_dtypes.iinfo(dtype)
+    low, high = int(info.min), int(info.max) + 1
+    m = _Model()
+    args = [m.const(rng.integers(low, high, (k, n)).astype(dtype)), m.const(_pow2(rng, (blocks, n)))]
+    if rng.random() < 0.7:
+        args.append(m.const(rng.integers(low, high, (blocks, n)).astype(dtype)))
+    w = m.node("DequantizeLinear", args, axis=0, block_size=block)
+    return m.graph([m.node("MatMul", [m.input("a", _activations(rng, k)), w])])
+
+
+def _int8_projections(rng: np.random.Generator) -> Graph:
+    """Two or three 8-bit projections of one input, as `quantize_static` writes them.
+
+    Per-channel int8 weights of zero point 0; each output quantized and dequantized with its
+    own scale and zero point, one of them 0 (which algebra removes), over a symbolic batch.
+    """
+    width, parts = int(rng.integers(2, 5)), int(rng.integers(2, 4))
+    m = _Model()
+    x = m.qdq(m.input("x", ["batch", int(rng.integers(1, 4)), width]), 0.25, -3)
+    zeros = [int(rng.integers(-8, 9)) or 1 for _ in range(parts)]
+    zeros[int(rng.integers(0, parts))] = 0
+    outs = []
+    for i, zero in enumerate(zeros):
+        columns = int(rng.integers(1, 4))
+        codes = m.const(rng.integers(-127, 128, (width, columns)).astype(np.int8))
+        scales = m.const(_pow2(rng, (columns,)))
+        w = m.node(
+            "DequantizeLinear", [codes, scales, m.const(np.zeros(columns, np.int8))], axis=1
+        )
+        outs.append(m.qdq(m.node("MatMul", [x, w]), 2.0 ** -(i + 1), zero))
+    return m.graph(outs)
+
+
+SEEDS: tuple[Callable[[np.random.Generator], Graph], ...] = (
+    _nbits,
+    _int4_dequantized,
+    _int8_projections,
+)
+
+
+def seed_graphs(seed: int, count: int) -> list[Graph]:
+    """`count` seed graphs, each family in turn, with random sizes and values."""
+    rng = np.random.default_rng(seed)
+    return [SEEDS[k % len(SEEDS)](rng) for k in range(count)]
+
+
+# ---- the rules that make what a left side reads ----------------------------------------------
+
+
+def _atoms(expr: Expr) -> Iterator[str]:
+    """The heads of every call inside `expr`."""
+    if isinstance(expr, tuple) and expr:
+        name = head(expr)
+        if name is not None:
+            yield name
+        for item in expr[1:]:
+            yield from _atoms(item)
+
+
+def _makes(rule: Rule) -> set[str]:
+    """What a rule's actions make: relations, functions and the constructors of terms."""
+    made: set[str] = set()
+    for action in rule.actions:
+        if head(action) in ("union", "set", "let") and isinstance(action, tuple):
+            for item in action[1:]:
+                made.update(_atoms(item))
+        else:
+            made.update(_atoms(action))
+    return made
+
+
+def seed_deps(book: Rulebook, rule: Rule, present: set[str]) -> set[str]:
+    """The rules to run on seeds before `rule`: those that make what its query reads.
+
+    A rule is needed if it makes a relation or function the query (or a needed rule's query)
+    reads, or an IR op it names that the seeds lack (integer products, which quantize.egg puts
+    beside the float ones). Rules of the saturated analyses run anyway, and the checked rule
+    never runs before itself (its unions would leave nothing to compare).
+    """
+    wanted: set[str] = set()
+    needed: set[str] = set()
+    queue = [rule]
+    while queue:
+        for atom in queue.pop().query:
+            for name in _atoms(atom):
+                signature = book.signatures.get(name)
+                if signature is None or name in wanted:
+                    continue
+                is_op = signature.kind == "constructor" and name in IR_CONSTRUCTORS
+                if signature.kind == "constructor" and (not is_op or name in present):
+                    continue
+                wanted.add(name)
+                for other in book.rules:
+                    if (
+                        other.name not in needed
+                        and other.name != rule.name
+                        and other.ruleset not in SATURATED
+                        and name in _makes(other)
+                    ):
+                        needed.add(other.name)
+                        queue.append(other)
+    # The spellings those rules read are what their own files' rewrites make of the seeds'
+    # ops (a cast of codes moved inside the broadcast that spreads it): those run too, but only
+    # the rewrites that add no op (one that adds some could keep growing).
+    files = {book.rule(name).file for name in needed}
+    return needed | {
+        other.name
+        for other in book.rules
+        if other.file in files
+        and other.ruleset not in SATURATED
+        and other.name != rule.name
+        and _is_reordering(other)
+    }
+
+
+def _is_reordering(rule: Rule) -> bool:
+    """Whether a rule is a rewrite whose right side has no more ops than its left side."""
+    if len(rule.actions) != 1 or head(rule.actions[0]) != "union" or not rule.query:
+        return False
+    first = rule.query[0]
+    if head(first) != "=" or not isinstance(first, tuple) or first[1] != LHS:
+        return False
+    action = rule.actions[0]
+    assert isinstance(action, tuple)
+    return _ops(action[2]) <= _ops(first[2])
+
+
+def _ops(expr: Expr) -> int:
+    """How many IR ops a term has."""
+    return sum(1 for name in _atoms(expr) if name in IR_CONSTRUCTORS)
