@@ -5,8 +5,8 @@ through seven rules (unpacked nibbles, blocked scales, repacked codes...), an in
 product's epilogue merges only behind a merged pair of products, whose constants pair behind
 the ops that read them. Backward chaining through such chains rarely builds an instance that
 every link accepts. Seeds are the spellings these chains were written for, drawn with random
-sizes, codes, scales and zero points: ONNX models of MatMulNBits, of int4 DequantizeLinear and
-of 8-bit QKV projections as `quantize_static` writes them, imported as knopt imports them.
+sizes, codes, scales and zero points: ONNX models of MatMulNBits and of int4
+DequantizeLinear products, imported as knopt imports them.
 The rules that make what a rule reads (`seed_deps`) run on them first, and the checked rule
 matches wherever its left side occurs; its applications are judged as any other's.
 """
@@ -53,11 +53,6 @@ class _Model:
         self.nodes.append(helper.make_node(op_type, list(inputs), [out], domain=domain, **attrs))
         return out
 
-    def qdq(self, x: str, scale: float, zero: int) -> str:
-        """QuantizeLinear then DequantizeLinear to int8, one scale and zero point."""
-        s, z = self.const(np.float32(scale)), self.const(np.int8(zero))
-        return self.node("DequantizeLinear", [self.node("QuantizeLinear", [x, s, z]), s, z])
-
     def graph(self, outputs: Sequence[str]) -> Graph:
         infos = [onnx.ValueInfoProto(name=name) for name in outputs]
         graph = helper.make_graph(self.nodes, "seed", self.inputs, infos, self.inits)
@@ -70,21 +65,25 @@ def _pow2(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return np.exp2(-rng.integers(2, 6, shape)).astype(np.float32)
 
 
-def _activations(rng: np.random.Generator, k: int) -> list[int | str]:
-    """Activations `[m, k]`, `[1, m, k]` or `[b, m, k]`: the weight is used as it is, viewed
-    with a leading 1, or viewed and broadcast over the batch."""
+def _activations(rng: np.random.Generator, k: int, variant: int) -> Sequence[int | str]:
+    """Activations `[m, k]`, `[1, m, k]` or `[b, m, k]`, by `variant`.
+
+    The weight is then used as it is, viewed with a leading 1, or viewed and broadcast over
+    the batch (the three int4 product rules).
+    """
     m = int(rng.integers(1, 4))
-    return [[m, k], [1, m, k], [2, m, k]][int(rng.integers(0, 3))]
+    shapes: list[Sequence[int | str]] = [[m, k], [1, m, k], [2, m, k]]
+    return shapes[variant % 3]
 
 
-def _nbits(rng: np.random.Generator) -> Graph:
+def _nbits(rng: np.random.Generator, variant: int) -> Graph:
     """A MatMulNBits product (4-bit, blocks of 16 or 32 along k), with or without zero points."""
     block = int(rng.choice((16, 32)))
     k, n = int(rng.integers(block // 2, 2 * block + 1)), int(rng.integers(1, 5))
     blocks = -(-k // block)
     m = _Model()
     args = [
-        m.input("a", _activations(rng, k)),
+        m.input("a", _activations(rng, k, variant)),
         m.const(rng.integers(0, 256, (n, blocks, block // 2), dtype=np.uint8)),
         m.const(_pow2(rng, (n, blocks))),
     ]
@@ -94,7 +93,7 @@ def _nbits(rng: np.random.Generator) -> Graph:
     return m.graph([y])
 
 
-def _int4_dequantized(rng: np.random.Generator) -> Graph:
+def _int4_dequantized(rng: np.random.Generator, variant: int) -> Graph:
     """A MatMul by an int4 or uint4 DequantizeLinear weight with blocks along k."""
     dtype = (ml_dtypes.int4, ml_dtypes.uint4)[int(rng.integers(0, 2))]
     block = int(rng.choice((16, 32)))
@@ -103,47 +102,32 @@ def _int4_dequantized(rng: np.random.Generator) -> Graph:
     info = ml_dtypes.iinfo(dtype)
     low, high = int(info.min), int(info.max) + 1
     m = _Model()
-    args = [m.const(rng.integers(low, high, (k, n)).astype(dtype)), m.const(_pow2(rng, (blocks, n)))]
+    args = [
+        m.const(rng.integers(low, high, (k, n)).astype(dtype)),
+        m.const(_pow2(rng, (blocks, n))),
+    ]
     if rng.random() < 0.7:
         args.append(m.const(rng.integers(low, high, (blocks, n)).astype(dtype)))
     w = m.node("DequantizeLinear", args, axis=0, block_size=block)
-    return m.graph([m.node("MatMul", [m.input("a", _activations(rng, k)), w])])
+    return m.graph([m.node("MatMul", [m.input("a", _activations(rng, k, variant)), w])])
 
 
-def _int8_projections(rng: np.random.Generator) -> Graph:
-    """Two or three 8-bit projections of one input, as `quantize_static` writes them.
+Seed = Callable[[np.random.Generator, int], Graph]
+# The seed families of each rule file, by the file whose rules read their spellings. A rule of
+# another file gets none: running seeds costs a rule seconds, and they hold nothing it reads.
+SEEDS: dict[str, tuple[Seed, ...]] = {
+    "quantize.egg": (_nbits, _int4_dequantized),
+}
 
-    Per-channel int8 weights of zero point 0; each output quantized and dequantized with its
-    own scale and zero point, one of them 0 (which algebra removes), over a symbolic batch.
+
+def seed_graphs(rule: Rule, seed: int, count: int) -> list[Graph]:
+    """`count` seed graphs for `rule` (none if its file has no seeds).
+
+    Each family and variant in turn, with random sizes and values.
     """
-    width, parts = int(rng.integers(2, 5)), int(rng.integers(2, 4))
-    m = _Model()
-    x = m.qdq(m.input("x", ["batch", int(rng.integers(1, 4)), width]), 0.25, -3)
-    zeros = [int(rng.integers(-8, 9)) or 1 for _ in range(parts)]
-    zeros[int(rng.integers(0, parts))] = 0
-    outs = []
-    for i, zero in enumerate(zeros):
-        columns = int(rng.integers(1, 4))
-        codes = m.const(rng.integers(-127, 128, (width, columns)).astype(np.int8))
-        scales = m.const(_pow2(rng, (columns,)))
-        w = m.node(
-            "DequantizeLinear", [codes, scales, m.const(np.zeros(columns, np.int8))], axis=1
-        )
-        outs.append(m.qdq(m.node("MatMul", [x, w]), 2.0 ** -(i + 1), zero))
-    return m.graph(outs)
-
-
-SEEDS: tuple[Callable[[np.random.Generator], Graph], ...] = (
-    _nbits,
-    _int4_dequantized,
-    _int8_projections,
-)
-
-
-def seed_graphs(seed: int, count: int) -> list[Graph]:
-    """`count` seed graphs, each family in turn, with random sizes and values."""
+    families = SEEDS.get(rule.file, ())
     rng = np.random.default_rng(seed)
-    return [SEEDS[k % len(SEEDS)](rng) for k in range(count)]
+    return [families[k % len(families)](rng, k // len(families)) for k in range(count) if families]
 
 
 # ---- the rules that make what a left side reads ----------------------------------------------
