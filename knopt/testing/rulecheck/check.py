@@ -54,10 +54,10 @@ def _check_rule(
     report = RuleReport(rule.name, rule.file, UNCHECKED)
     graphs, deps = draw_instances(book, producers(book), rule, instances, seed)
     _judge_instances(report, files, book, rule, graphs, deps, 3, seed)
-    graphs = seed_graphs(rule, seed, SEED_INSTANCES) if report.fired == 0 else []
+    graphs = seed_graphs(book, rule, seed, SEED_INSTANCES) if report.fired == 0 else []
     if graphs:
         # Random instances did not reach its left side: try the seeds' spellings.
-        present = {type(node.op).__name__ for graph in graphs for node in graph.nodes}
+        present = frozenset(type(n.op).__name__ for graph in graphs for n in graph.nodes)
         deps = seed_deps(book, rule, present)
         _judge_instances(report, files, book, rule, graphs, deps, SEED_ROUNDS, seed)
     report.seconds = time.perf_counter() - began

@@ -113,19 +113,22 @@ def _int4_dequantized(rng: np.random.Generator, variant: int) -> Graph:
 
 
 Seed = Callable[[np.random.Generator, int], Graph]
-# The seed families of each rule file, by the file whose rules read their spellings. A rule of
-# another file gets none: running seeds costs a rule seconds, and they hold nothing it reads.
-SEEDS: dict[str, tuple[Seed, ...]] = {
-    "quantize.egg": (_nbits, _int4_dequantized),
+# Each seed family by the relation whose spelling it is. A rule gets the families whose
+# relation it reads, directly or through the rules that make what it reads: running seeds
+# costs seconds, and a rule that reads none of them would find nothing there.
+SEEDS: dict[str, Seed] = {
+    "unpacked4": _nbits,
+    "dq4": _int4_dequantized,
 }
 
 
-def seed_graphs(rule: Rule, seed: int, count: int) -> list[Graph]:
-    """`count` seed graphs for `rule` (none if its file has no seeds).
+def seed_graphs(book: Rulebook, rule: Rule, seed: int, count: int) -> list[Graph]:
+    """`count` seed graphs for `rule` (none if it reads no seed's relation).
 
-    Each family and variant in turn, with random sizes and values.
+    Each of its families and variants in turn, with random sizes and values.
     """
-    families = SEEDS.get(rule.file, ())
+    wanted = _closure(book, rule, frozenset(IR_CONSTRUCTORS))[0]
+    families = [family for relation, family in SEEDS.items() if relation in wanted]
     rng = np.random.default_rng(seed)
     return [families[k % len(families)](rng, k // len(families)) for k in range(count) if families]
 
@@ -155,14 +158,30 @@ def _makes(rule: Rule) -> set[str]:
     return made
 
 
-def seed_deps(book: Rulebook, rule: Rule, present: set[str]) -> set[str]:
+def seed_deps(book: Rulebook, rule: Rule, present: frozenset[str]) -> set[str]:
     """The rules to run on seeds before `rule`: those that make what its query reads.
 
     A rule is needed if it makes a relation or function the query (or a needed rule's query)
-    reads, or an IR op it names that the seeds lack (integer products, which quantize.egg puts
-    beside the float ones). Rules of the saturated analyses run anyway, and the checked rule
+    reads, or an IR op it names that the seeds lack (which only rules put beside theirs). Rules of the saturated analyses run anyway, and the checked rule
     never runs before itself (its unions would leave nothing to compare).
     """
+    needed = _closure(book, rule, present)[1]
+    # The spellings those rules read are what their own files' rewrites make of the seeds'
+    # ops (a cast of codes moved inside the broadcast that spreads it): those run too, but only
+    # the rewrites that add no op (one that adds some could keep growing).
+    files = {book.rule(name).file for name in needed}
+    return needed | {
+        other.name
+        for other in book.rules
+        if other.file in files
+        and other.ruleset not in SATURATED
+        and other.name != rule.name
+        and _is_reordering(other)
+    }
+
+
+def _closure(book: Rulebook, rule: Rule, present: frozenset[str]) -> tuple[set[str], set[str]]:
+    """What `rule` reads, transitively, and the rules that make it (see `seed_deps`)."""
     wanted: set[str] = set()
     needed: set[str] = set()
     queue = [rule]
@@ -185,18 +204,7 @@ def seed_deps(book: Rulebook, rule: Rule, present: set[str]) -> set[str]:
                     ):
                         needed.add(other.name)
                         queue.append(other)
-    # The spellings those rules read are what their own files' rewrites make of the seeds'
-    # ops (a cast of codes moved inside the broadcast that spreads it): those run too, but only
-    # the rewrites that add no op (one that adds some could keep growing).
-    files = {book.rule(name).file for name in needed}
-    return needed | {
-        other.name
-        for other in book.rules
-        if other.file in files
-        and other.ruleset not in SATURATED
-        and other.name != rule.name
-        and _is_reordering(other)
-    }
+    return wanted, needed
 
 
 def _is_reordering(rule: Rule) -> bool:
