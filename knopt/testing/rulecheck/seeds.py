@@ -162,8 +162,9 @@ def seed_deps(book: Rulebook, rule: Rule, present: frozenset[str]) -> set[str]:
     """The rules to run on seeds before `rule`: those that make what its query reads.
 
     A rule is needed if it makes a relation or function the query (or a needed rule's query)
-    reads, or an IR op it names that the seeds lack (which only rules put beside theirs). Rules of the saturated analyses run anyway, and the checked rule
-    never runs before itself (its unions would leave nothing to compare).
+    reads, or an IR op it names that the seeds lack (which only rules put beside theirs).
+    Rules of the saturated analyses run anyway, and the checked rule never runs before itself
+    (its unions would leave nothing to compare).
     """
     needed = _closure(book, rule, present)[1]
     # The spellings those rules read are what their own files' rewrites make of the seeds'
