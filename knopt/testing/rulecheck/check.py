@@ -19,6 +19,7 @@ import numpy as np
 from egglog import bindings as eb
 
 from knopt.errors import KnoptError, RuleFileError
+from knopt.ir.graph import Graph
 from knopt.opt.egraph import check_rule_files
 from knopt.opt.rules import RuleFile, parse_rules, shipped_rule_files, shipped_sources
 from knopt.testing.rulecheck.checkrun import run_check
@@ -26,7 +27,11 @@ from knopt.testing.rulecheck.draw import batch, draw_instances
 from knopt.testing.rulecheck.judge import judge
 from knopt.testing.rulecheck.report import SOUND, UNCHECKED, UNSOUND, RuleReport
 from knopt.testing.rulecheck.rulebook import Rule, Rulebook, read_rulebook
+from knopt.testing.rulecheck.seeds import seed_deps, seed_graphs
 from knopt.testing.rulecheck.unfold import producers
+
+SEED_INSTANCES = 6  # seed graphs: each family with each shape of activations
+SEED_ROUNDS = 8  # rounds of deps on seeds: an int4 weight is seven rules deep
 
 
 def check_rule(
@@ -48,29 +53,50 @@ def _check_rule(
     began = time.perf_counter()
     report = RuleReport(rule.name, rule.file, UNCHECKED)
     graphs, deps = draw_instances(book, producers(book), rule, instances, seed)
+    _judge_instances(report, files, book, rule, graphs, deps, 3, seed)
+    graphs = seed_graphs(book, rule, seed, SEED_INSTANCES) if report.fired == 0 else []
+    if graphs:
+        # Random instances did not reach its left side: try the seeds' spellings.
+        present = frozenset(type(n.op).__name__ for graph in graphs for n in graph.nodes)
+        deps = seed_deps(book, rule, present)
+        _judge_instances(report, files, book, rule, graphs, deps, SEED_ROUNDS, seed)
+    report.seconds = time.perf_counter() - began
+    return report
+
+
+def _judge_instances(
+    report: RuleReport,
+    files: Sequence[RuleFile],
+    book: Rulebook,
+    rule: Rule,
+    graphs: list[Graph],
+    deps: set[str],
+    rounds: int,
+    seed: int,
+) -> None:
+    """Apply the rule to the instances (after `rounds` rounds of its deps) and judge it."""
     report.instances = len(graphs)
     if not graphs:
         report.reason = "no instance of its left side could be built"
+        return
+    run = run_check(files, book, rule, sorted(deps), batch(graphs), rounds)
+    report.fired = run.fired
+    if run.fired == 0:
+        report.reason = f"its left side never matched in {len(graphs)} instances"
+        return
+    checked, failures, skipped = judge(batch(graphs), run, seed)
+    report.checked = checked
+    if failures:
+        worst = min(failures, key=lambda f: f.size)
+        report.verdict = UNSOUND
+        report.reason = worst.reason
+        report.counterexample = worst.text
+        report.max_error = max(f.error for f in failures)
+    elif checked:
+        report.verdict = SOUND
+        report.reason = ""
     else:
-        run = run_check(files, book, rule, sorted(deps), batch(graphs))
-        report.fired = run.fired
-        if run.fired == 0:
-            report.reason = f"its left side never matched in {len(graphs)} instances"
-        else:
-            checked, failures, skipped = judge(batch(graphs), run, seed)
-            report.checked = checked
-            if failures:
-                worst = min(failures, key=lambda f: f.size)
-                report.verdict = UNSOUND
-                report.reason = worst.reason
-                report.counterexample = worst.text
-                report.max_error = max(f.error for f in failures)
-            elif checked:
-                report.verdict = SOUND
-            else:
-                report.reason = skipped[0] if skipped else "it matched but changed nothing"
-    report.seconds = time.perf_counter() - began
-    return report
+        report.reason = skipped[0] if skipped else "it matched but changed nothing"
 
 
 # ---- every rule -------------------------------------------------------------------------------

@@ -149,9 +149,14 @@ def _snapshot(egraph: eb.EGraph) -> str:
 
 
 def run_check(
-    files: Sequence[RuleFile], book: Rulebook, target: Rule, deps: Sequence[str], graph: Graph
+    files: Sequence[RuleFile],
+    book: Rulebook,
+    target: Rule,
+    deps: Sequence[str],
+    graph: Graph,
+    rounds: int = 3,
 ) -> CheckRun:
-    """Load `graph`, run the deps, then the checked rule once, and read back what it did.
+    """Load `graph`, run the deps `rounds` times, then the checked rule once; read what it did.
 
     Raises:
         RuleFileError: If the files or the check schedule do not load.
@@ -173,7 +178,7 @@ def run_check(
     egraph.run_program(*loaded.commands)
     _run(egraph, saturate, target.name)
     if deps:
-        repeat = f"(run-schedule (repeat 3 (seq (run {DEPS}) (saturate {facts_rulesets}))))"
+        repeat = f"(run-schedule (repeat {rounds} (seq (run {DEPS}) (saturate {facts_rulesets}))))"
         _run(egraph, repeat, target.name)
     fired = _run(egraph, f"(run-schedule (run {CHECK}))", target.name)
     _run(egraph, saturate, target.name)  # types the classes the right sides made

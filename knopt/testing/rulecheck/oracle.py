@@ -446,9 +446,18 @@ def _int4_rows(packed: np.ndarray, scales: np.ndarray, zeros: np.ndarray, block:
     return int4_weight(ops.Int4MatMul(block), packed, scales, zeros, k)
 
 
+def _misblocked(packed: np.ndarray, block: int) -> str | None:
+    """What is wrong with a block size for packed codes `[n, blocks, block / 2]`, if anything."""
+    if packed.ndim != 3 or 2 * packed.shape[2] != block:
+        return f"blocks of {block} codes for packed bytes of shape {packed.shape}"
+    return None
+
+
 def _nbits_rows(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     r, p, sc, zp, block = args
     v = ctx.values.value
+    if (wrong := _misblocked(v(p.id), block)) is not None:
+        return wrong
     rows = _int4_rows(v(p.id), v(sc.id), v(zp.id), block)
     return _close(v(r.id), rows, "the dequantized rows")
 
@@ -456,6 +465,8 @@ def _nbits_rows(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | No
 def _int4_weight(ctx: FactContext, args: tuple[Any, ...], value: Any) -> str | None:
     w, p, sc, zp, block = args
     v = ctx.values.value
+    if (wrong := _misblocked(v(p.id), block)) is not None:
+        return wrong
     weight = v(w.id)
     rows = _int4_rows(v(p.id), v(sc.id), v(zp.id), block)
     return _close(weight, rows[:, : weight.shape[0]].T, "the weight")

@@ -46,6 +46,35 @@ PLANTED = {
          :when ((!= c 0.0) (!= c 1.0) (!= c -1.0)) :ruleset algebra
          :name "planted-wrong-constant")""",
 }
+# Wrong variants of quantize.egg's int4 rules, whose left sides only the seeds reach.
+PLANTED_INT4 = {
+    # Without zero points every code's zero point is 8, bytes 0x88: not 0x77.
+    "planted-int4-wrong-zero-point": """
+(rule ((= r (View wb sr)) (dq wb c zt st) (unpacked4 c p) (splat-of zt 8.0) (= sp (shape p))
+       (= 3 (vec-length sp)) (= st (Broadcast (View sc ssc) sst)) (= 2 (vec-length (shape sc)))
+       (= n (vec-get (shape sc) 0)) (= b (vec-get (shape sc) 1)) (= ssc (vec-of n b 1))
+       (= bl (* 2 (vec-get sp 2))) (int4-block bl) (= sr (vec-of n (* b bl))))
+      ((nbits-rows r p sc (Splat 119.0 (vec-of n (/ (+ b 1) 2)) (U8)) bl))
+      :ruleset algebra :name "planted-int4-wrong-zero-point")""",
+    # A block holds two codes a byte: bl is twice the bytes of a block, not four times.
+    "planted-int4-wrong-block": """
+(rule ((= r (View wb sr)) (dq wb c zt st) (unpacked4 c p) (splat-of zt 8.0) (= sp (shape p))
+       (= 3 (vec-length sp)) (= st (Broadcast (View sc ssc) sst)) (= 2 (vec-length (shape sc)))
+       (= n (vec-get (shape sc) 0)) (= b (vec-get (shape sc) 1)) (= ssc (vec-of n b 1))
+       (= bl (* 2 (vec-get sp 2))) (int4-block bl) (= sr (vec-of n (* b bl))))
+      ((nbits-rows r p sc (Splat 136.0 (vec-of n (/ (+ b 1) 2)) (U8)) (* 2 bl)))
+      :ruleset algebra :name "planted-int4-wrong-block")""",
+    # Pairs pack low nibble first: the odd code in the high nibble, not the even one.
+    "planted-int4-swapped-nibbles": """
+(rule ((wants-pairs t) (= s (shape t)) (= r (vec-get s 0)) (= c (vec-get s 1)) (= 0 (% c 2)))
+      ((let v (View t (vec-of r (/ c 2) 2)))
+       (let h (vec-of r (/ c 2) 1))
+       (pack-pairs t (View (BinaryOp (BITWISE_OR)
+                             (Slice v 2 1 2 1 h)
+                             (BinaryOp (SHIFT_LEFT) (Slice v 2 0 1 1 h) (Splat 4.0 h (U8))))
+                           (vec-of r (/ c 2)))))
+      :ruleset algebra :name "planted-int4-swapped-nibbles")""",
+}
 SOUND_RULE = """
 ;; x * 1 = x and 1 * x = x hold exactly.
 (rewrite (BinaryOp (MUL) x (Splat 1.0 s d)) x :ruleset algebra :name "user-times-one")
@@ -75,6 +104,14 @@ def test_a_planted_unsound_rule_is_caught_with_a_counterexample(name: str) -> No
     assert report.verdict == UNSOUND, report.line()
     assert "left side:" in report.counterexample
     assert "inputs:" in report.counterexample
+    assert report.max_error > 0
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED_INT4))
+def test_a_planted_unsound_int4_rule_is_caught_on_the_seeds(name: str) -> None:
+    report = _check(PLANTED_INT4[name], name)
+    assert report.verdict == UNSOUND, report.line()
+    assert report.counterexample.startswith("fact ("), report.counterexample
     assert report.max_error > 0
 
 
@@ -160,28 +197,17 @@ def test_no_shipped_rule_is_unsound(shipped_reports: list[RuleReport]) -> None:
     assert not unsound, text
 
 
-# quantize.egg's int4 weight rules whose left sides the checker cannot build yet: each needs a
-# whole MatMulNBits or blocked int4 DequantizeLinear chain (packed codes, per-block scales and
-# zero points, consistent shapes across three operands) under a matmul. Until it can (issue #14),
-# they are checked end to end against onnxruntime instead: tests/rules/test_quantize.py, the
-# int4 and nbits fixtures in tests/onnx/test_quantized_fixtures.py and tests/cpu/test_quantized.py.
+# merge.egg's integer products and their epilogues, whose left sides the checker cannot build
+# yet (issue #14): a chain of 8-bit products by weights broadcast over the batch with one zero
+# point; constants paired only where both parts' ops read them (constant-pair, behind
+# pair-wanted, behind a merged pair: deeper than the instances drawn reach, and the seeds hold
+# no merged integer products yet), and the ops that read such pairs; a zero point in one part
+# only (two mirror rules: which part comes first is the order of the weights' table indices,
+# which an instance cannot choose, so the other rule matches it). Checked end to end, merged
+# against unmerged bit for bit, by the integer tests of tests/rules/test_merge.py (each rule
+# fires there) and against onnxruntime by tests/rules/test_quantize.py.
 AWAITING_INSTANCES = {
-    "int4-matmul",
-    "int4-matmul-batched",
-    "int4-matmul-viewed",
-    "int4-weight-of-dequantized",
-    "nbits-rows",
-    "pack-pairs",
-    # merge.egg's integer products and their epilogues: a chain of 8-bit products by weights
-    # broadcast over the batch with one zero point; constants paired only where both parts'
-    # ops read them (constant-pair, behind pair-wanted, behind a merged pair: deeper than the
-    # instances drawn reach), and the ops that read such pairs; a zero point in one part only
-    # (two mirror rules: which part comes first is the order of the weights' table indices,
-    # which an instance cannot choose, so the other rule matches it). Checked end to end,
-    # merged against unmerged bit for bit, by the integer tests of tests/rules/test_merge.py
-    # (each rule fires there) and against onnxruntime by tests/rules/test_quantize.py.
     "merge-broadcast-int-matmuls",
-    "merged-constants",
     "merged-constant-operands",
     "merge-binaries-with-constants",
     "merge-binaries-with-constants-first",
