@@ -232,7 +232,7 @@ def test_up_to_its_limit_m_the_rule_takes_the_stream_gemv(
         ({"cols": 2, "rows": 4, "unroll": 4, "ahead": True}, "about 334 registers"),
     ],
 )
-def test_stream_knobs_out_of_range_are_refused(knobs: dict[str, int], message: str) -> None:
+def test_stream_knobs_out_of_range_are_refused(knobs: dict[str, Any], message: str) -> None:
     with pytest.raises(CodegenError, match=message):
         StreamConfig(**knobs)
 
