@@ -117,7 +117,7 @@ def test_the_float_work_a_requantization_rounds_stays_f32(rng: np.random.Generat
 
 def test_requantized_codes_under_fp16_equal_f32_bit_for_bit(rng: np.random.Generator) -> None:
     program, _ = _requantized_residual(rng)
-    feeds = {
+    feeds: dict[str, np.ndarray] = {
         "codes": rng.integers(1, 256, SHAPE).astype(np.uint8),
         "residual": rng.uniform(-0.2, 0.2, SHAPE).astype(np.float32),
     }
