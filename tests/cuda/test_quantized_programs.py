@@ -259,6 +259,16 @@ def test_half_precision_keeps_requantized_work_in_f32_and_the_codes_of_f32(file:
     assert any(e.dtype.kind in "iu" and (f != e).any() for f, e in pairs)
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("file", sorted(REQUANTIZING))
+def test_requantizing_fixtures_plan_and_compile_in_half_precision(
+    file: str, precision: str, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setenv("KNOPT_CACHE_DIR", str(tmp_path))
+    program, _ = _fixture_program(file)
+    _compile_launches(_steps(program, precision))  # f32 and narrow tensors side by side
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("precision", ["f32", "fp16"])
 @pytest.mark.parametrize("file", sorted(OPTIMIZED))  # one a model and quantization method
