@@ -286,9 +286,10 @@ class _Narrowing:
         self.target = target
         self.region = region
         roots = _view_roots(program)
+        inputs = set(program.inputs)  # f32 at the edge; those that narrow get a cast copy
         self.tensors = [
             t
-            if roots[t.id] in region.tensors or t.id in program.inputs
+            if roots[t.id] in region.tensors or t.id in inputs
             else Tensor(t.id, TensorType(t.type.shape, _retype(t.type.dtype, target)), t.role)
             for t in program.tensors
         ]
@@ -296,6 +297,7 @@ class _Narrowing:
         self.copies: dict[tuple[int, DType], int] = {}
 
     def dtype(self, tid: int) -> DType:
+        """The type tensor `tid` is stored in."""
         return self.tensors[tid].type.dtype
 
     def differs(self, tid: int, compute: DType) -> bool:
