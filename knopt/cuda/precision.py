@@ -25,7 +25,13 @@ over the Program's dataflow:
 - region kernels compute in f32 (their literals and casts keep f32) and the float tensors they
   write or read from inputs and constants are stored in f32. Everything else narrows as
   before. A kernel that reads a tensor of the other precision converts it where it loads it,
-  or, for an operand the main op reads as a tensor, through a cast kernel of its own.
+  or, for an operand the main op reads as a tensor, through a cast kernel of its own;
+- except a region result that only kernels outside the region read (a requantized and
+  dequantized Q, K or V that only the half-precision Attention reads): its kernel still
+  computes in f32, codes included, and rounds the result once as it stores it, in its epilogue
+  or elementwise body, where those readers would have rounded it as they load it or through a
+  cast kernel. So the region adds no cast kernel: on the int8 BERT-base of the benchmarks, 36
+  such casts (Q, K and V of 12 layers) made 138 kernels of 102. Program outputs keep f32.
 
 The trade-off is bytes: the region's float tensors take twice the bytes of f16, and on a
 model quantized throughout the region is every float tensor, so fp16 buys nothing there (exact
@@ -216,7 +222,34 @@ def quantized_region(program: Program) -> QuantizedRegion:
         if program.tensors[roots[tid]].type.dtype is DType.F32
         and producers.get(roots[tid], index) in kernels  # not a float product's result
     }
+    tensors -= _narrow_stores(program, roots, kernels)
     return QuantizedRegion(frozenset(kernels), frozenset(tensors))
+
+
+def _stores_narrow(kernel: Kernel) -> bool:
+    """Whether `kernel`, computing in f32, can round its result to f16 as it stores it."""
+    return kernel.epilogue is not None or (
+        kernel.kind == KernelKind.ELEMENTWISE and kernel.body is not None
+    )
+
+
+def _narrow_stores(program: Program, roots: list[int], kernels: set[int]) -> set[int]:
+    """The region's results that only kernels outside it read: those are stored narrow.
+
+    A kernel outside the region computes in the narrow type: it would round an f32 tensor
+    as it loads it, or read it through a cast kernel. Rounded once at the store instead (its
+    writer computes in f32 all the same, so codes are untouched), it needs neither. Program
+    outputs keep f32, as do results whose writer has no epilogue or body to round them in.
+    """
+    kept = {roots[t] for i in kernels for t in program.kernels[i].inputs}
+    kept |= {roots[t] for t in program.outputs}
+    return {
+        program.kernels[i].output
+        for i in kernels
+        if program.tensors[program.kernels[i].output].type.dtype is DType.F32
+        and _stores_narrow(program.kernels[i])
+        and program.kernels[i].output not in kept
+    }
 
 
 # ---- narrowing ------------------------------------------------------------------------------
@@ -347,12 +380,20 @@ class _Narrowing:
         epilogue = self.body(kernel.epilogue, final, inputs)
         if epilogue is not None and self.differs(kernel.output, final):
             epilogue = CastE(epilogue, self.dtype(kernel.output))
+        body = self.body(kernel.body, compute, inputs)
+        if (
+            kernel.kind == KernelKind.ELEMENTWISE
+            and body is not None
+            and epilogue is None
+            and self.differs(kernel.output, compute)
+        ):
+            body = CastE(body, self.dtype(kernel.output))  # the region's result, stored narrow
         self.kernels.append(
             dataclasses.replace(
                 kernel,
                 op=kernel.op if compute is DType.F32 else _op(kernel.op, compute),
                 inputs=inputs,
-                body=self.body(kernel.body, compute, inputs),
+                body=body,
                 prologue=self.body(kernel.prologue, compute, inputs),
                 epilogue=epilogue,
             )

@@ -184,3 +184,32 @@ def test_float_programs_narrow_exactly_as_without_a_region() -> None:
 
 def _f32(program: Program) -> set[int]:
     return {t.id for t in program.tensors if t.type.dtype is F32}
+
+
+def test_results_only_float_products_read_are_stored_narrow(rng: np.random.Generator) -> None:
+    """A requantize-dequantize whose result only a MatMul reads rounds it as it stores it."""
+    b = ProgramBuilder()
+    x = b.input("x", (8, 16))
+    bias = b.constant(rng.uniform(-0.1, 0.1, (8, 16)).astype(np.float32))
+    scale = b.constant(np.full((8, 16), 0.01, np.float32))
+    codes = _quantize(BinaryE(Binary.ADD, Load(0), Load(1)), Load(2))
+    dequantize = BinaryE(
+        Binary.MUL, BinaryE(Binary.SUB, CastE(codes, F32), Const(128, F32)), Load(2)
+    )
+    fake = b.kernel("elementwise", None, (x, bias, scale), (8, 16), F32, body=dequantize)
+    rows = b.view(ops.View((16, 8)), fake)
+    w = b.constant(rng.standard_normal((8, 4)).astype(np.float32))
+    product = b.op(ops.MatMul(), (rows, w))
+    program = b.build([product])
+    region = quantized_region(program)
+    assert region == QuantizedRegion(frozenset({0}), frozenset({x, bias, scale}))
+    narrow = narrow_program(program, F16)
+    casts = [k.inputs for k in narrow.kernels if k.kind == "Cast"]
+    assert casts == [(product,)]  # the output's to f32; none for the MatMul's operand
+    assert narrow.tensors[fake].type.dtype is F16
+    assert _kernel_writing(narrow, fake).body == CastE(dequantize, F16)  # computed in f32
+    assert _kernel_writing(narrow, product).inputs[0] == rows
+    feeds = {"x": rng.uniform(-1, 1, (8, 16)).astype(np.float32)}
+    (expected,) = run_program(program, feeds)
+    (actual,) = run_program(narrow, feeds)
+    np.testing.assert_allclose(actual, expected, rtol=1e-2, atol=1e-2 * np.abs(expected).max())

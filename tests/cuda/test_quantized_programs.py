@@ -259,6 +259,18 @@ def test_half_precision_keeps_requantized_work_in_f32_and_the_codes_of_f32(file:
     assert any(e.dtype.kind in "iu" and (f != e).any() for f, e in pairs)
 
 
+@pytest.mark.parametrize("file", sorted(REQUANTIZING))
+def test_the_region_adds_no_cast_kernels(file: str) -> None:
+    """Results only narrowing kernels read are stored narrow: no kernel converts them."""
+    program, _ = _fixture_program(file)
+
+    def casts(narrowed: Program) -> int:
+        return sum(k.kind == "Cast" for k in narrowed.kernels)
+
+    off = narrow_program(program, DType.F16, QuantizedRegion())
+    assert casts(narrow_program(program, DType.F16)) <= casts(off)
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("file", sorted(REQUANTIZING))
 def test_requantizing_fixtures_plan_and_compile_in_half_precision(
