@@ -20,6 +20,7 @@ from knopt.ir.dtype import DType
 from knopt.ir.kernel import KernelKind
 from knopt.ir.op import Binary, TensorType
 from knopt.ir.program import (
+    VIEW,
     BinaryE,
     CastE,
     ClampE,
@@ -170,6 +171,23 @@ def _op(op: ops.Op | None, target: DType) -> ops.Op | None:
     return op
 
 
+def _alias_if_identity(kernel: Kernel, tensors: list[Tensor]) -> Kernel:
+    """A view of its input for a Cast that narrowing made a no-op (f16 to f32, now f16 to f16).
+
+    Exports of half-precision models widen operands to f32 where a constant was f32 (the V
+    cache of a TorchScript decoder before `probabilities @ v`); narrowed, such a cast would
+    copy the whole tensor every run. A view reads the input where it lies. A program output
+    keeps its kernel: outputs get buffers of their own.
+    """
+    if kernel.kind != "Cast" or not isinstance(kernel.op, ops.Cast):
+        return kernel
+    (source,) = kernel.inputs
+    out = tensors[kernel.output]
+    if out.role == "output" or tensors[source].type.dtype is not kernel.op.dtype:
+        return kernel
+    return dataclasses.replace(kernel, kind=VIEW, op=ops.View(out.type.shape))
+
+
 def narrow_program(program: Program, target: DType) -> Program:
     """A copy of `program` computing in `target` where it computed in f32."""
     tensors = [
@@ -190,16 +208,15 @@ def narrow_program(program: Program, target: DType) -> Program:
             kernels.append(Kernel("Cast", ops.Cast(target), (tid,), narrow))
             renamed[tid] = narrow
     for kernel in program.kernels:
-        kernels.append(
-            dataclasses.replace(
-                kernel,
-                op=_op(kernel.op, target),
-                inputs=tuple(renamed.get(t, t) for t in kernel.inputs),
-                body=_expr(kernel.body, target),
-                prologue=_expr(kernel.prologue, target),
-                epilogue=_epilogue(program, kernel, target),
-            )
+        narrowed = dataclasses.replace(
+            kernel,
+            op=_op(kernel.op, target),
+            inputs=tuple(renamed.get(t, t) for t in kernel.inputs),
+            body=_expr(kernel.body, target),
+            prologue=_expr(kernel.prologue, target),
+            epilogue=_epilogue(program, kernel, target),
         )
+        kernels.append(_alias_if_identity(narrowed, tensors))
     outputs = []
     for tid in program.outputs:
         source = renamed.get(tid, tid)
