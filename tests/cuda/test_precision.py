@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import knopt
 from knopt.cpu.program import run_program
@@ -69,3 +70,18 @@ def test_a_no_op_cast_to_an_output_keeps_its_kernel() -> None:
     narrow = narrow_program(program, DType.F16)
     (cast,) = [k for k in narrow.kernels if k.inputs == (program.inputs[1],)]
     assert cast.kind == "Cast"
+
+
+@pytest.mark.cuda
+def test_a_no_op_cast_read_as_a_view_runs_on_the_gpu() -> None:
+    from knopt.cuda import prepare
+
+    program = _widened_matmul(output_cast=False)
+    rng = np.random.default_rng(1)
+    feeds = {
+        "p": rng.standard_normal((2, 3, 5)).astype(np.float32),
+        "v": rng.standard_normal((2, 5, 4)).astype(np.float16),
+    }
+    (expected,) = run_program(program, feeds)
+    (actual,) = prepare(program, "fp16").run(feeds)
+    np.testing.assert_allclose(actual, expected, rtol=1e-2, atol=1e-2 * np.abs(expected).max())
