@@ -3,10 +3,10 @@
 f16 and bf16 with head sizes that are multiples of 8 up to 256 run on tensor cores
 (codegen/attention_mma.cu); when the query tiles alone would leave most multiprocessors idle
 (decoding: one query row against a long cache), the keys are split over blocks and the last
-block of each row tile to finish merges the parts (`merge_splits` in codegen/attention.cuh),
-in the same launch. Other float types and head sizes up to
-256 take the exact kernel, which computes in f32 (codegen/attention.cu); everything else
-materializes the scores (GEMM, softmax, GEMM).
+block of each row tile to finish merges the parts in the same launch (`merge_splits` in
+codegen/attention.cuh). Other float types and head sizes up to 256 take the exact kernel,
+which computes in f32 (codegen/attention.cu); everything else materializes the scores (GEMM,
+softmax, GEMM).
 
 A constant bias that is a causal mask (models export it as such a bias) is not read: the
 tensor-core kernel computes it from the indices and skips the key tiles it hides entirely.
