@@ -3,6 +3,7 @@
     python benchmarks/decode.py            # 16 layers (~0.95B parameters), 256 new tokens
     python benchmarks/decode.py --quick    # 4 layers, 64 new tokens
     python benchmarks/decode.py --quick --profile   # then where knopt's host time goes
+    python benchmarks/decode.py --exporter dynamo   # exported by torch.export (opset 18)
 
 A randomly initialised LLaMA decoder (transformers, no download; hidden 2048, 16 heads of 128,
 no grouped-query attention, SwiGLU 5632, vocab 32000) is exported in fp16 with its cache as
@@ -36,7 +37,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import knopt  # noqa: E402
-from tests.fixtures.make_decoder import DecoderStep, export_torchscript  # noqa: E402
+from tests.fixtures.make_decoder import (  # noqa: E402
+    DecoderStep,
+    export_dynamo,
+    export_torchscript,
+)
 
 BANDWIDTH = 4.2e12  # bytes per second, H200 HBM3e
 PROMPT = 128
@@ -62,8 +67,13 @@ def build(layers: int) -> Any:
     return LlamaForCausalLM(config).half().cuda().eval()
 
 
-def export(model: Any, folder: Path) -> Path:
-    """The decoder exported with its cache (fp16, dynamic batch, seq and past)."""
+def export(model: Any, folder: Path, exporter: str) -> Path:
+    """The decoder exported with its cache (fp16, dynamic batch, seq and past).
+
+    TorchScript's export of the attention adds f32 masks to the f16 scores, so the scores,
+    softmax and `probabilities @ v` are f32 (and not one fused Attention, whose operands
+    share one type); torch.export keeps them f16.
+    """
     import torch
 
     step = DecoderStep(model)
@@ -79,7 +89,8 @@ def export(model: Any, folder: Path) -> Path:
     positions = torch.tensor([[3, 4], [3, 4]], device="cuda")
     path = folder / "decoder.onnx"
     with torch.no_grad():
-        export_torchscript(step, (ids, mask, positions, *past), path)
+        writer = export_dynamo if exporter == "dynamo" else export_torchscript
+        writer(step, (ids, mask, positions, *past), path)
     return path
 
 
@@ -155,6 +166,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="4 layers, 64 new tokens")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument(
+        "--exporter",
+        choices=("torchscript", "dynamo"),
+        default="torchscript",
+        help="how the decoder is exported to ONNX",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="then profile knopt's host side (batch 1)"
     )
     args = parser.parse_args()
@@ -170,7 +187,7 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as folder:
         began = time.perf_counter()
-        path = export(model, Path(folder))
+        path = export(model, Path(folder), args.exporter)
         print(f"exported in {time.perf_counter() - began:.1f} s")
         caches = {
             f"present.{i}.{kv}": f"past_key_values.{i}.{kv}"

@@ -121,5 +121,47 @@ __device__ __forceinline__ float rescale(float m, float top) {
   return m == -KN_INF_F ? 0.0f : exp2f((m - top) * LOG2E);
 }
 
+// The end of an attention launch whose keys are split over `splits` blocks per row tile
+// (attention_mma.cu): every block has written its partials, and the last of a row tile's
+// blocks to finish merges them into `out` (the threadfence reduction of the CUDA C++
+// Programming Guide), so decoding takes one launch, not a second merging kernel. Per row and
+// column, with each split's running max m_i, sum l_i and unnormalized output o_i:
+// out = sum_i w_i o_i / sum_i w_i l_i, w_i = exp(m_i - max_i m_i). A row whose every key was
+// -inf gives 0 / 0 = NaN, as the CPU does. The row tile's ticket (zero before the launch) is
+// zero again after it, ready for the next launch and for CUDA graph replays.
+template <int BM, int E, int EP, typename elem, typename idx_t>
+__device__ __forceinline__ void merge_splits(elem* __restrict__ out, const float* ws_o,
+                                             const float* ws_ml, int* tickets, idx_t ob,
+                                             idx_t os, idx_t oe, idx_t head, int m0, int s_len,
+                                             int heads, int splits) {
+  __shared__ bool last;
+  __threadfence();  // this block's partials reach L2 before its ticket is taken
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(tickets + blockIdx.x, 1) == splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const idx_t rows = (idx_t)heads * s_len;
+  const int count = min(BM, s_len - m0) * E;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    const int row = m0 + i / E;
+    const int e = i % E;
+    const idx_t part = head * s_len + row;
+    float overall = -KN_INF_F;
+    for (int split = 0; split < splits; ++split)
+      overall = fmaxf(overall, __ldcg(ws_ml + (split * rows + part) * 2));
+    float total = 0.0f;
+    float o = 0.0f;
+    for (int split = 0; split < splits; ++split) {
+      const idx_t at = split * rows + part;  // other blocks wrote these: read them from L2
+      const float w = rescale(__ldcg(ws_ml + at * 2), overall);
+      total += w * __ldcg(ws_ml + at * 2 + 1);
+      o += w * __ldcg(ws_o + at * EP + e);
+    }
+    out[ob + row * os + e * oe] = kn::cvt<elem>(o / total);
+  }
+  if (threadIdx.x == 0) tickets[blockIdx.x] = 0;
+}
+
 }  // namespace attn
 }  // namespace kn

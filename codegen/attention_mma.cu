@@ -14,8 +14,11 @@
 //   out, q, k, v, bias  [..., s_len, E], [..., s_len, D], [..., t_len, D], [..., t_len, E],
 //                       [..., s_len, t_len] (bias is not read when HAS_BIAS is false)
 //   ws                  f32 partials when splits > 1: [splits, heads, s_len, EP] unnormalized
-//                       outputs, then [splits, heads, s_len, 2] (running max, sum); attention_
-//                       combine.cu merges them. Unused when splits == 1.
+//                       outputs, then [splits, heads, s_len, 2] (running max, sum). Unused
+//                       when splits == 1.
+//   tickets             when splits > 1, one counter per row tile (grid x), zero before the
+//                       launch and zero again after it: the last of a row tile's splits to
+//                       finish merges the partials (see the end). Unused when splits == 1.
 //   scale               the factor of q k^T
 //   s_len, t_len        query and key counts
 //   n1, n2              sizes of the 2nd and 3rd of three leading (head) axes
@@ -34,7 +37,7 @@
 #endif
 extern "C" __global__ void __launch_bounds__(128) @NAME@(
     @ELEM@* __restrict__ out, const @ELEM@* __restrict__ q, const @ELEM@* __restrict__ k,
-    const @ELEM@* __restrict__ v, const @ELEM@* __restrict__ bias, float* __restrict__ ws,
+    const @ELEM@* __restrict__ v, const @ELEM@* __restrict__ bias, float* __restrict__ ws, int* __restrict__ tickets,
     const float scale, const int s_len, const int t_len, const int n1, const int n2,
     const @INDEX@ q0, const @INDEX@ q1, const @INDEX@ q2, const @INDEX@ qs, const @INDEX@ qd,
     const @INDEX@ k0, const @INDEX@ k1, const @INDEX@ k2, const @INDEX@ kt, const @INDEX@ kd,
@@ -309,4 +312,6 @@ extern "C" __global__ void __launch_bounds__(128) @NAME@(
       }
     }
   }
+  if (splits > 1)
+    merge_splits<BM, E, EP>(out, ws_o, ws_ml, tickets, ob, os, oe, head, m0, s_len, heads, splits);
 }

@@ -58,6 +58,7 @@ from knopt.ir.dtype import DType
 from knopt.ir.kernel import KernelKind
 from knopt.ir.op import Binary, TensorType, Unary
 from knopt.ir.program import (
+    VIEW,
     BinaryE,
     CastE,
     ClampE,
@@ -303,6 +304,23 @@ def _op(op: ops.Op | None, target: DType) -> ops.Op | None:
     return op
 
 
+def _alias_if_identity(kernel: Kernel, tensors: list[Tensor]) -> Kernel:
+    """A view of its input for a Cast that narrowing made a no-op (f16 to f32, now f16 to f16).
+
+    Exports of half-precision models widen operands to f32 where a constant was f32 (the V
+    cache of a TorchScript decoder before `probabilities @ v`); narrowed, such a cast would
+    copy the whole tensor every run. A view reads the input where it lies. A program output
+    keeps its kernel: outputs get buffers of their own.
+    """
+    if kernel.kind != "Cast" or not isinstance(kernel.op, ops.Cast):
+        return kernel
+    (source,) = kernel.inputs
+    out = tensors[kernel.output]
+    if out.role == "output" or tensors[source].type.dtype is not kernel.op.dtype:
+        return kernel
+    return dataclasses.replace(kernel, kind=VIEW, op=ops.View(out.type.shape))
+
+
 def _operand_count(kernel: Kernel) -> int:
     """How many leading inputs the kernel's main op reads as tensors (as the CPU executor does)."""
     if kernel.kind == KernelKind.ELEMENTWISE or kernel.prologue is not None:
@@ -388,16 +406,15 @@ class _Narrowing:
             and self.differs(kernel.output, compute)
         ):
             body = CastE(body, self.dtype(kernel.output))  # the region's result, stored narrow
-        self.kernels.append(
-            dataclasses.replace(
-                kernel,
-                op=kernel.op if compute is DType.F32 else _op(kernel.op, compute),
-                inputs=inputs,
-                body=body,
-                prologue=self.body(kernel.prologue, compute, inputs),
-                epilogue=epilogue,
-            )
+        narrowed = dataclasses.replace(
+            kernel,
+            op=kernel.op if compute is DType.F32 else _op(kernel.op, compute),
+            inputs=inputs,
+            body=body,
+            prologue=self.body(kernel.prologue, compute, inputs),
+            epilogue=epilogue,
         )
+        self.kernels.append(_alias_if_identity(narrowed, self.tensors))
 
 
 def narrow_program(

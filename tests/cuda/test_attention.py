@@ -212,13 +212,18 @@ def test_strided_columns_are_loaded_element_by_element() -> None:
     }
 
 
-def test_decoding_splits_the_keys_and_merges_the_parts() -> None:
-    main, merge = _launches(Case(F16, 1, 32, 1, 4096, 128, 128, "cache"))
+def test_decoding_splits_the_keys_and_merges_the_parts_in_one_launch() -> None:
+    case = Case(F16, 1, 32, 1, 4096, 128, 128, "cache")
+    plan = build_plan(attention_program(case, _mask(case, np.random.default_rng(0))))
+    (main,) = [step for step in plan.steps if isinstance(step, Launch)]
     assert main.name.startswith("kn_attention_mma_")
     assert "constexpr int WM = 1;" in main.source
-    assert merge.name.startswith("kn_attention_combine_")
     assert main.grid[1] > 1
     assert main.grid[0] * main.grid[1] >= attention.MULTIPROCESSORS
+    # The tickets by which the last block of a row tile finds itself: zero, one per row tile.
+    tickets = plan.tensors[main.args[6].tensor]  # type: ignore[union-attr]
+    assert tickets.dtype is DType.I32 and tickets.shape == (main.grid[0],)
+    np.testing.assert_array_equal(plan.constants[tickets.buffer], 0)
 
 
 def test_busy_grids_are_not_split() -> None:
@@ -297,13 +302,12 @@ def _variants(dtype: DType) -> list[str]:
         sources.append(
             attention.mma_source(dtype, head, head, tiles, bias, (True, True, True), "int")[1]
         )
-    # Element-wise loads, 64-bit indices, a value head unlike the key head, the merge kernel.
+    # Element-wise loads, 64-bit indices, a value head unlike the key head.
     tiles = attention.mma_tiles(64, 64, 64)
     bias = attention.BiasMode.TENSOR
     sources.append(
         attention.mma_source(dtype, 64, 24, tiles, bias, (False, False, False), "long long")[1]
     )
-    sources += [attention.combine_source(dtype, e, "int")[1] for e in (64, 128)]
     sources.append(attention.exact_source(dtype, 64, 64, 2, 64, True, "long long")[1])
     return sources
 
@@ -448,3 +452,24 @@ def test_decoding_against_a_cache_matches_the_cpu(case: Case, rng: np.random.Gen
 @pytest.mark.parametrize("case", SPECIAL_CASES, ids=str)
 def test_layouts_heads_and_masked_rows_match_the_cpu(case: Case, rng: np.random.Generator) -> None:
     _check(case, rng)
+
+
+@pytest.mark.cuda
+def test_split_keys_merge_again_on_every_run(rng: np.random.Generator) -> None:
+    # The last block of a row tile to finish merges the splits and resets the tile's ticket:
+    # runs after the first (and CUDA graph replays) must merge as the first did.
+    from knopt.cuda import prepare
+
+    case = Case(F16, 1, 32, 1, 1000, 128, 128, "cache", "padding")
+    mask = _mask(case, rng)
+    executable = prepare(attention_program(case, mask))
+    for _ in range(3):
+        program = attention_program(case, mask)
+        feeds = _feeds(program, case.dtype, rng)
+        (expected,) = run_program(
+            attention_program(case, mask.astype(case.dtype.numpy).astype(np.float32), F32),
+            {name: x.astype(np.float32) for name, x in feeds.items()},
+        )
+        (actual,) = executable.run(feeds)
+        largest = max(float(np.abs(x.astype(np.float32)).max()) for x in feeds.values())
+        _assert_close(actual, expected, RELATIVE[case.dtype] * largest, str(case))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pickle
 
 import numpy as np
+import pytest
 
 import knopt
 from knopt.cpu.program import run_program
@@ -212,4 +213,54 @@ def test_results_only_float_products_read_are_stored_narrow(rng: np.random.Gener
     feeds = {"x": rng.uniform(-1, 1, (8, 16)).astype(np.float32)}
     (expected,) = run_program(program, feeds)
     (actual,) = run_program(narrow, feeds)
+    np.testing.assert_allclose(actual, expected, rtol=1e-2, atol=1e-2 * np.abs(expected).max())
+
+
+def _widened_matmul(output_cast: bool) -> Program:
+    """p @ cast<f32>(v) with v in f16, as TorchScript exports of fp16 decoders read the V cache."""
+    g = knopt.ir.GraphBuilder("widened")
+    p = g.input("p", (2, 3, 5), DType.F32)
+    v = g.input("v", (2, 5, 4), DType.F16)
+    widened = g.cast(v, DType.F32)
+    g.output(g.matmul(p, widened), "y")
+    if output_cast:
+        g.output(widened, "v32")
+    return program_from_graph(g.build())
+
+
+def test_casts_that_narrowing_makes_no_ops_become_views() -> None:
+    # Narrowed to f16, the cast would copy v each run; as a view it reads v where it lies.
+    program = _widened_matmul(output_cast=False)
+    narrow = narrow_program(program, DType.F16)
+    assert not any(k.kind == "Cast" for k in narrow.kernels if k.inputs == (program.inputs[1],))
+    assert any(k.is_view for k in narrow.kernels if k.inputs == (program.inputs[1],))
+    rng = np.random.default_rng(0)
+    feeds: dict[str, np.ndarray] = {
+        "p": rng.standard_normal((2, 3, 5)).astype(np.float32),
+        "v": rng.standard_normal((2, 5, 4)).astype(np.float16),
+    }
+    (expected,) = run_program(program, feeds)
+    (actual,) = run_program(narrow, feeds)
+    np.testing.assert_allclose(actual, expected, rtol=1e-2, atol=1e-2 * np.abs(expected).max())
+
+
+def test_a_no_op_cast_to_an_output_keeps_its_kernel() -> None:
+    program = _widened_matmul(output_cast=True)
+    narrow = narrow_program(program, DType.F16)
+    (cast,) = [k for k in narrow.kernels if k.inputs == (program.inputs[1],)]
+    assert cast.kind == "Cast"
+
+
+@pytest.mark.cuda
+def test_a_no_op_cast_read_as_a_view_runs_on_the_gpu() -> None:
+    from knopt.cuda import prepare
+
+    program = _widened_matmul(output_cast=False)
+    rng = np.random.default_rng(1)
+    feeds: dict[str, np.ndarray] = {
+        "p": rng.standard_normal((2, 3, 5)).astype(np.float32),
+        "v": rng.standard_normal((2, 5, 4)).astype(np.float16),
+    }
+    (expected,) = run_program(program, feeds)
+    (actual,) = prepare(program, "fp16").run(feeds)
     np.testing.assert_allclose(actual, expected, rtol=1e-2, atol=1e-2 * np.abs(expected).max())

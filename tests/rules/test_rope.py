@@ -157,6 +157,57 @@ def test_integer_template_stays_apart(rng: np.random.Generator) -> None:
     assert result.count("Rope") == 0
 
 
+# ---- the tables' angles ------------------------------------------------------------------------
+
+
+def _doubled_angles(
+    g: GraphBuilder, *, positions_first: bool = True, column: bool = True, same: bool = True
+) -> Value:
+    """cos and sin of concat(m, m), m = positions [1, s, 1] * inverse frequencies [h].
+
+    As decoders compute their rotary tables; `column=False` gives positions a full last axis
+    (no broadcast along the concat axis), `same=False` concatenates two different products.
+    """
+    batch, seq, half = 2, 3, 4
+    shape = (1, seq, 1) if column else (1, seq, half)  # full row: broadcast over batch only
+    positions = g.cast(g.input("positions", shape, DType.I64), F32)
+    p = g.broadcast(positions, (batch, seq, half))
+    frequencies = np.linspace(0.1, 1.0, half).astype(np.float32)
+    f = g.broadcast(g.view(g.constant(frequencies), (1, 1, half)), (batch, seq, half))
+    m = g.mul(p, f) if positions_first else g.mul(f, p)
+    other = m if same else g.mul(m, g.scalar(2.0, F32, (batch, seq, half)))
+    angles = g.concat([m, other], axis=2)
+    return g.add(g.unary(Unary.COS, angles), g.unary(Unary.SIN, angles))
+
+
+@pytest.mark.parametrize("positions_first", [True, False])
+def test_doubled_angles_concat_the_constants_instead(
+    positions_first: bool, rng: np.random.Generator
+) -> None:
+    result = optimize_and_compare(
+        lambda g: _doubled_angles(g, positions_first=positions_first),
+        rng,
+        low=0.0,
+        high=50.0,
+        rtol=0.0,
+        atol=0.0,
+    )
+    rule = "doubled-product-broadcast-" + ("first" if positions_first else "second")
+    assert result.fired(rule) > 0
+    assert result.fired("doubled-broadcast") > 0
+    assert result.count("Concat") == 0, result.after.op_histogram()
+
+
+@pytest.mark.parametrize("what", ["full-row", "two-products"])
+def test_angles_not_doubled_keep_their_concat(what: str, rng: np.random.Generator) -> None:
+    column, same = what != "full-row", what != "two-products"
+    result = optimize_and_compare(
+        lambda g: _doubled_angles(g, column=column, same=same), rng, low=0.0, high=50.0
+    )
+    assert result.fired("doubled-product-broadcast-first") == 0
+    assert result.count("Concat") >= 1
+
+
 # ---- the decoder fixtures ----------------------------------------------------------------------
 
 _LAYERS = 2  # tests/fixtures/make_decoder.py: two layers, four heads of 8, two key/value heads

@@ -2,10 +2,11 @@
 
 f16 and bf16 with head sizes that are multiples of 8 up to 256 run on tensor cores
 (codegen/attention_mma.cu); when the query tiles alone would leave most multiprocessors idle
-(decoding: one query row against a long cache), the keys are split over blocks and a second
-kernel merges the parts (codegen/attention_combine.cu). Other float types and head sizes up to
-256 take the exact kernel, which computes in f32 (codegen/attention.cu); everything else
-materializes the scores (GEMM, softmax, GEMM).
+(decoding: one query row against a long cache), the keys are split over blocks and the last
+block of each row tile to finish merges the parts in the same launch (`merge_splits` in
+codegen/attention.cuh). Other float types and head sizes up to 256 take the exact kernel,
+which computes in f32 (codegen/attention.cu); everything else materializes the scores (GEMM,
+softmax, GEMM).
 
 A constant bias that is a causal mask (models export it as such a bias) is not read: the
 tensor-core kernel computes it from the indices and skips the key tiles it hides entirely.
@@ -41,7 +42,6 @@ MMA_DTYPES = frozenset({DType.F16, DType.BF16})
 MAX_HEAD = 256
 MMA_HEAD_MULTIPLE = 8  # 16-byte rows; odd multiples of 8 are padded to 16 inside the kernel
 THREADS = 128
-COMBINE_THREADS = 256
 LEAD_AXES = 3  # leading (batch, head) axes the kernels index; more fall back to GEMMs
 MULTIPROCESSORS = 132  # an H200's
 TARGET_BLOCKS = 2 * MULTIPROCESSORS  # blocks that keep every multiprocessor busy
@@ -232,14 +232,6 @@ def mma_source(
     return named("attention_mma", source)
 
 
-def combine_source(dtype: DType, e: int, itype: str) -> tuple[str, str]:
-    """The (name, source) of the kernel merging split attention results."""
-    source = render(
-        "attention_combine.cu", NAME=PLACEHOLDER, ELEM=storage_type(dtype), INDEX=itype, E=e
-    )
-    return named("attention_combine", source)
-
-
 def exact_source(
     dtype: DType,
     d: int,
@@ -333,7 +325,7 @@ class MmaGrid:
 
     Attributes:
         blocks: Row tiles, heads * ceil(s / block_m) (the grid's x).
-        splits: Key ranges (the grid's y); the combine kernel runs when there are several.
+        splits: Key ranges (the grid's y); the last block of a row tile merges them.
         chunk: Keys per range, whole tiles.
         workspace: f32 elements of partial results (0 without a split).
     """
@@ -360,26 +352,18 @@ def _emit_mma(ctx: LoweringContext, kernel: Kernel, scale: float, g: Geometry) -
     vec = tuple(is_vec(ctx.layout(x)) for x in kernel.inputs[:3])
     bias = bias_mode(ctx, kernel.inputs[3], g)
     name, source = mma_source(dtype, g.d, g.e, tiles, bias, vec, itype)
-    # With one split the kernel writes `out` itself and never reads its workspace argument.
-    ws = ctx.new_tensor((grid.workspace,), DType.F32) if grid.splits > 1 else kernel.output
+    # With one split the kernel writes `out` itself and never reads its workspace or tickets.
+    ws = tickets = kernel.output
+    if grid.splits > 1:
+        ws = ctx.new_tensor((grid.workspace,), DType.F32)
+        # Zero when uploaded, and zero again after every launch (the last block resets it).
+        tickets = ctx.new_constant(
+            np.zeros(grid.blocks, np.int32), DType.I32, Layout.contiguous((grid.blocks,))
+        )
     tail = (np.int32(g.heads), np.int32(grid.chunk), np.int32(grid.splits))
-    args = (*_tensor_args(kernel), Buf(ws), *size_args(g, scale, itype), *tail)
+    args = (*_tensor_args(kernel), Buf(ws), Buf(tickets), *size_args(g, scale, itype), *tail)
     shared = mma_shared_bytes(tiles, g.d, g.e)
     ctx.emit(Launch(name, source, (grid.blocks, grid.splits, 1), (THREADS, 1, 1), args, shared))
-    if grid.splits > 1:
-        name, source = combine_source(dtype, g.e, itype)
-        index = _index(itype)
-        args = (
-            Buf(kernel.output),
-            Buf(ws),
-            *(np.int32(n) for n in (g.s, g.lead[1], g.lead[2])),
-            *(index(st) for st in g.strides[-1]),
-            np.int32(g.heads),
-            np.int32(grid.splits),
-        )
-        threads = (COMBINE_THREADS, 1, 1)
-        blocks = -(-g.heads * g.s * g.e // COMBINE_THREADS)
-        ctx.emit(Launch(name, source, (blocks, 1, 1), threads, args))
 
 
 def _exact_launch(ctx: LoweringContext, kernel: Kernel, scale: float, g: Geometry) -> Launch:
