@@ -41,7 +41,8 @@ all 218 f32 tensors stay f32: 54 activations (132 KiB) and 164 constants (66 KiB
 biases, embedding tables), so its tensors take 233 KiB instead of 137 KiB narrowed; its int8
 weights and uint8 codes (30 KiB) are the same either way. The LLaMA fixture keeps all 120
 kernels; the dynamically quantized ResNet all but its head, whose logits no quantization reads.
-A float model has no `ROUND` in its kernels, so its narrowed program is exactly what it was.
+A program without `ROUND` (a float model, unless it rounds explicitly: then that rounding's
+inputs keep f32 too) narrows exactly as before.
 """
 
 from __future__ import annotations
