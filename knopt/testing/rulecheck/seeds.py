@@ -6,7 +6,9 @@ product's epilogue merges only behind a merged pair of products, whose constants
 the ops that read them. Backward chaining through such chains rarely builds an instance that
 every link accepts. Seeds are the spellings these chains were written for, drawn with random
 sizes, codes, scales and zero points: ONNX models of MatMulNBits and of int4
-DequantizeLinear products, imported as knopt imports them.
+DequantizeLinear products, imported as knopt imports them; and integer products of one int8
+activation with their epilogues, built in the IR in the form quantize.egg's rules leave a
+quantized projection in (a QDQ model would need those rules run first, deeper than the rounds).
 The rules that make what a rule reads (`seed_deps`) run on them first, and the checked rule
 matches wherever its left side occurs; its applications are judged as any other's.
 """
@@ -21,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from knopt.ir import DType, GraphBuilder, Unary, Value, sym
 from knopt.ir.graph import Graph
 from knopt.onnx.load import import_model
 from knopt.testing.rulecheck.pattern import IR_CONSTRUCTORS, SATURATED
@@ -112,6 +115,60 @@ def _int4_dequantized(rng: np.random.Generator, variant: int) -> Graph:
     return m.graph([m.node("MatMul", [m.input("a", _activations(rng, k, variant)), w])])
 
 
+def _int8_products(rng: np.random.Generator, variant: int) -> Graph:
+    """Integer products of one int8 activation, as quantize.egg leaves a quantized projection.
+
+    Two or three products by int8 weights broadcast over a symbolic batch with one zero point,
+    each with its epilogue (by `variant`): a dequantizing scale that is the activations' scale
+    times the weight's (a product of constants the batch keeps from folding); a bias added
+    first, then the saturation that quantizing writes; or a dequantization with a zero point
+    in the first part only, or in the second only.
+    """
+    b, rows, k = sym("batch"), int(rng.integers(1, 4)), int(rng.integers(2, 7))
+    g = GraphBuilder("seed")
+    x = g.input("x", (b, rows, k), DType.I8)
+    zx, zw = g.constant(_codes(rng, (1, 1, 1))), g.constant(_codes(rng, (1, 1, 1)))
+    scale = g.constant(_pow2(rng, (1, 1, 1)))
+    parts = int(rng.integers(2, 4))
+    for part in range(parts):
+        n = int(rng.integers(2, 5))  # a scale per column is a vector, not a splat to rebuild
+        w = g.broadcast(g.view(g.constant(_codes(rng, (k, n))), (1, k, n)), (b, k, n))
+        y = g.cast(g.int_matmul(x, w, zx, zw), DType.F32)
+        g.output(_epilogue(g, rng, (y, scale), variant, part), f"y{part}")
+    return g.build()
+
+
+def _codes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.integers(-128, 128, shape).astype(np.int8)
+
+
+def _epilogue(
+    g: GraphBuilder, rng: np.random.Generator, ys: tuple[Value, Value], variant: int, part: int
+) -> Value:
+    """One of `_int8_products`' epilogues of part `part`'s product.
+
+    `ys` holds the product (float32) and the activations' scale.
+    """
+    y, scale = ys
+    shape = y.shape
+
+    def spread(array: np.ndarray) -> Value:
+        return g.broadcast(g.view(g.constant(array), (1, 1, array.size)), shape)
+
+    n = int(shape[-1])  # type: ignore[arg-type]
+    if variant % 3 == 0:
+        return g.mul(y, g.mul(g.broadcast(scale, shape), spread(_pow2(rng, (n,)))))
+    if variant % 3 == 1:
+        bias = spread(rng.integers(-9, 10, n).astype(np.float32))
+        c = g.clamp(g.add(bias, y), lo=-128, hi=127)
+        lowest = g.scalar(-128.0, DType.F32, shape)
+        return g.where(g.unary(Unary.IS_NAN, c), lowest, c)
+    if part == (variant // 3) % 2:
+        zero = g.constant(rng.integers(1, 10, (1, 1, 1)).astype(np.float32))
+        y = g.sub(y, g.broadcast(zero, shape))
+    return g.mul(y, spread(_pow2(rng, (n,))))
+
+
 Seed = Callable[[np.random.Generator, int], Graph]
 # Each seed family by the relation whose spelling it is. A rule gets the families whose
 # relation it reads, directly or through the rules that make what it reads: running seeds
@@ -119,6 +176,7 @@ Seed = Callable[[np.random.Generator, int], Graph]
 SEEDS: dict[str, Seed] = {
     "unpacked4": _nbits,
     "dq4": _int4_dequantized,
+    "chain-end": _int8_products,
 }
 
 

@@ -197,16 +197,9 @@ def test_no_shipped_rule_is_unsound(shipped_reports: list[RuleReport]) -> None:
     assert not unsound, text
 
 
-# merge.egg's integer products and their epilogues, whose left sides the checker cannot build
-# yet (issue #14): a chain of 8-bit products by weights broadcast over the batch with one zero
-# point; constants paired only where both parts' ops read them (constant-pair, behind
-# pair-wanted, behind a merged pair: deeper than the instances drawn reach, and the seeds hold
-# no merged integer products yet), and the ops that read such pairs; a zero point in one part
-# only (two mirror rules: which part comes first is the order of the weights' table indices,
-# which an instance cannot choose, so the other rule matches it). Checked end to end, merged
-# against unmerged bit for bit, by the integer tests of tests/rules/test_merge.py (each rule
-# fires there) and against onnxruntime by tests/rules/test_quantize.py.
-AWAITING_INSTANCES = {
+# merge.egg's integer products and their epilogues, whose left sides only the seeds of integer
+# products reach (a chain of merged products, their constants paired behind them).
+SEEDED_MERGE_RULES = {
     "merge-broadcast-int-matmuls",
     "merged-constant-operands",
     "merge-binaries-with-constants",
@@ -221,9 +214,10 @@ def test_few_shipped_rules_are_unchecked(shipped_reports: list[RuleReport]) -> N
     unchecked = [r for r in shipped_reports if r.verdict == UNCHECKED]
     if unchecked:
         warnings.warn("unchecked rules: " + "; ".join(r.line() for r in unchecked), stacklevel=1)
-    others = [r for r in unchecked if r.name not in AWAITING_INSTANCES]
-    assert len(others) <= 5, [r.line() for r in others]
-    assert {r.name for r in shipped_reports} >= AWAITING_INSTANCES  # no stale name
+    assert len(unchecked) <= 5, [r.line() for r in unchecked]
+    seeded = [r for r in shipped_reports if r.name in SEEDED_MERGE_RULES]
+    assert len(seeded) == len(SEEDED_MERGE_RULES)  # no stale name
+    assert all(r.verdict == SOUND for r in seeded), [r.line() for r in seeded]
     assert sum(r.verdict == SOUND for r in shipped_reports) >= 0.95 * len(shipped_reports)
 
 
