@@ -75,6 +75,25 @@ PLANTED_INT4 = {
                            (vec-of r (/ c 2)))))
       :ruleset algebra :name "planted-int4-swapped-nibbles")""",
 }
+# Wrong variants of merge.egg's integer-product rules, whose left sides only the seeds reach.
+PLANTED_MERGE = {
+    # The part with the zero point comes second: its zero point goes after the other's zeros.
+    "planted-merge-zero-point-on-the-wrong-part": """
+(rule ((merged-pair m y e a) (= fy (BinaryOp (MUL) y sy)) (= ce (BinaryOp (SUB) e ze))
+       (= fe (BinaryOp (MUL) ce se)) (= ze (Broadcast z sz)) (folds z) (= s (shape z))
+       (= (numel s) (vec-get s a)) (= d (dtype z)) (= ny (vec-get (shape y) a))
+       (= ne (vec-get sz a)) (= sm (shape m)))
+      ((let zeros (Concat (vec-of (Broadcast z (vec-set s a ny)) (Splat 0.0 (vec-set s a ne) d))
+                          a (vec-set s a (+ ny ne))))
+       (merged-pair (BinaryOp (SUB) m (Broadcast zeros sm)) y ce a))
+      :ruleset merge :name "planted-merge-zero-point-on-the-wrong-part")""",
+    # A product of constants pairs as the product of both operands' pairs, not the first's twice.
+    "planted-merge-constant-operand-twice": """
+(rule ((pair-wanted cy ce a) (= cy (BinaryOp k p q)) (= ce (BinaryOp k r t))
+       (constant-pair c1 p r a) (constant-pair c2 q t a))
+      ((constant-pair (BinaryOp k c1 c1) cy ce a))
+      :ruleset merge :name "planted-merge-constant-operand-twice")""",
+}
 SOUND_RULE = """
 ;; x * 1 = x and 1 * x = x hold exactly.
 (rewrite (BinaryOp (MUL) x (Splat 1.0 s d)) x :ruleset algebra :name "user-times-one")
@@ -110,6 +129,14 @@ def test_a_planted_unsound_rule_is_caught_with_a_counterexample(name: str) -> No
 @pytest.mark.parametrize("name", sorted(PLANTED_INT4))
 def test_a_planted_unsound_int4_rule_is_caught_on_the_seeds(name: str) -> None:
     report = _check(PLANTED_INT4[name], name)
+    assert report.verdict == UNSOUND, report.line()
+    assert report.counterexample.startswith("fact ("), report.counterexample
+    assert report.max_error > 0
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED_MERGE))
+def test_a_planted_unsound_merge_of_integer_products_is_caught_on_the_seeds(name: str) -> None:
+    report = _check(PLANTED_MERGE[name], name)
     assert report.verdict == UNSOUND, report.line()
     assert report.counterexample.startswith("fact ("), report.counterexample
     assert report.max_error > 0
