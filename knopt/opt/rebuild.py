@@ -98,7 +98,11 @@ class _Rebuilder:
             )
         op = decode(self, node.args)
         inputs = [self.values[k] for k in node.children()]
-        folded = cls in self.data.folds and all(k in self.constant for k in node.children())
+        folded = (
+            cls in self.data.folds
+            and all(k in self.constant for k in node.children())
+            and (node.op in _VIEWS or all(_static(v) for v in inputs))
+        )
         if folded:
             self.constant.add(cls)
         try:
@@ -230,3 +234,12 @@ def rebuild_graph(
     class_of = {v.producer: c for c, v in rebuilder.values.items()}
     kernel_of = {node: int(cls) for node, cls in rebuilder.builder.scopes.items()}  # type: ignore[call-overload]
     return Rebuilt(graph, kernel_of, class_of)
+
+
+def _static(value: Value) -> bool:
+    """Whether `value`'s shape is all numbers: only such values fold into constants.
+
+    A constant splatted to a symbolic size (a scale broadcast over the batch) is a view of a
+    constant, but an op over it has no array to compute until the size is known.
+    """
+    return all(isinstance(d, int) for d in value.type.shape)
