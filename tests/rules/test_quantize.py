@@ -9,49 +9,26 @@ original bit for bit.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import ml_dtypes
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import knopt
 from knopt.cpu import run_graph
 from knopt.ir import bind_symbols
 from knopt.ir.shape import static_dims
 from knopt.opt.optimize import OptimizeResult
+from knopt.testing.onnxbuild import OnnxBuilder
 from tests.cuda.quant import random_nbits
 
 U8, I8 = np.uint8, np.int8
 
 
-class Model:
-    """A small ONNX model built node by node: inputs, initializers and nodes."""
-
-    def __init__(self, opset: int = 13) -> None:
-        self.opset = opset
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self.inputs: list[onnx.ValueInfoProto] = []
-        self.count = 0
-
-    def input(self, name: str, shape: Sequence[int | str]) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
-        return name
-
-    def const(self, array: Any) -> str:
-        name = f"c{len(self.inits)}"
-        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
-        return name
-
-    def node(self, op_type: str, inputs: Sequence[str], domain: str = "", **attrs: Any) -> str:
-        self.count += 1
-        out = f"t{self.count}"
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], domain=domain, **attrs))
-        return out
+class Model(OnnxBuilder):
+    """A small ONNX model built node by node, with quantization's spellings."""
 
     def qdq(self, x: str, scale: float, zero: int, dtype: type) -> str:
         """QuantizeLinear then DequantizeLinear with one scale and zero point."""
@@ -70,10 +47,7 @@ class Model:
 
     def build_outputs(self, outputs: Sequence[str]) -> bytes:
         """The model whose outputs are these values."""
-        infos = [onnx.ValueInfoProto(name=name) for name in outputs]
-        graph = helper.make_graph(self.nodes, "q", self.inputs, infos, self.inits)
-        opsets = [helper.make_opsetid("", self.opset), helper.make_opsetid("com.microsoft", 1)]
-        return helper.make_model(graph, opset_imports=opsets).SerializeToString()
+        return self.model(outputs, "q").SerializeToString()
 
 
 def _optimized(model: bytes, rng: np.random.Generator, sizes: dict[str, int]) -> OptimizeResult:

@@ -16,51 +16,29 @@ matches wherever its left side occurs; its applications are judged as any other'
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import ml_dtypes
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from knopt.ir import DType, GraphBuilder, Unary, Value, sym
 from knopt.ir.graph import Graph
 from knopt.onnx.load import import_model
+from knopt.testing.onnxbuild import MS, OnnxBuilder
 from knopt.testing.rulecheck.pattern import IR_CONSTRUCTORS, SATURATED
 from knopt.testing.rulecheck.rulebook import LHS, Rule, Rulebook
 from knopt.testing.rulecheck.sexpr import Expr, head
 
 OPSET = 21  # int4 DequantizeLinear with blocks
-MS = "com.microsoft"
 
 
-class _Model:
-    """A small ONNX model built node by node."""
+class _Model(OnnxBuilder):
+    """A small ONNX model of the opset int4 DequantizeLinear needs, imported as knopt does."""
 
     def __init__(self) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self.inputs: list[onnx.ValueInfoProto] = []
-
-    def input(self, name: str, shape: Sequence[int | str]) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
-        return name
-
-    def const(self, array: Any) -> str:
-        name = f"c{len(self.inits)}"
-        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
-        return name
-
-    def node(self, op_type: str, inputs: Sequence[str], domain: str = "", **attrs: Any) -> str:
-        out = f"t{len(self.nodes)}"
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], domain=domain, **attrs))
-        return out
+        super().__init__(OPSET)
 
     def graph(self, outputs: Sequence[str]) -> Graph:
-        infos = [onnx.ValueInfoProto(name=name) for name in outputs]
-        graph = helper.make_graph(self.nodes, "seed", self.inputs, infos, self.inits)
-        opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS, 1)]
-        return import_model(helper.make_model(graph, opset_imports=opsets), None)
+        return import_model(self.model(outputs, "seed"), None)
 
 
 def _pow2(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
