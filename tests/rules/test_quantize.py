@@ -64,6 +64,15 @@ def _optimized(model: bytes, rng: np.random.Generator, sizes: dict[str, int]) ->
     return result
 
 
+def _onnxruntime(model: bytes, x: np.ndarray) -> np.ndarray:
+    """The model's one output on input `x`, by onnxruntime's CPU run without its optimizations."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"x": x})
+    return np.asarray(y)
+
+
 def _ops(result: OptimizeResult) -> dict[str, int]:
     return result.graph.op_histogram()
 
@@ -261,10 +270,7 @@ def test_static_batch_products_fuse_their_epilogues_and_match_onnxruntime(
     magnitude = rng.uniform(0.125, 5.0, (2, 3, 768)).astype(np.float32)
     x = np.where(rng.random((2, 3, 768)) < 0.5, -magnitude, magnitude)
     (ours,) = knopt.compile(result.graph).run(None, {"x": x})
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-    (theirs,) = session.run(None, {"x": x})
+    theirs = _onnxruntime(model, x)
     np.testing.assert_array_equal(ours, theirs)
 
 
@@ -316,10 +322,7 @@ def test_float_attention_of_quantized_projections_stays_one_attention_kernel(
     )
     x = (rng.integers(-40, 40, (2, 5, 768)) / 8).astype(np.float32)
     (ours,) = knopt.compile(result.graph).run(None, {"x": x})
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-    (theirs,) = session.run(None, {"x": x})
+    theirs = _onnxruntime(model, x)
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * float(np.abs(theirs).max()))
 
 
@@ -342,8 +345,5 @@ def test_a_norm_writes_the_codes_its_products_and_residual_read(rng: np.random.G
     assert result.report.rules_fired.get("full-cast-of-codes", 0) > 0
     x = rng.standard_normal((2, 8, 64)).astype(np.float32)
     (ours,) = knopt.compile(result.graph).run(None, {"x": x})
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-    (theirs,) = session.run(None, {"x": x})
+    theirs = _onnxruntime(model, x)
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5 * float(np.abs(theirs).max()))
