@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from knopt.cpu.executor import run_graph
-from knopt.errors import InvalidGraphError, KnoptError, OptimizeError
+from knopt.errors import InvalidGraphError, KnoptError, OptimizeError, RunError
 from knopt.ir.bind import bind_symbols
 from knopt.ir.graph import Graph
 from knopt.ir.shape import static_dims
@@ -97,7 +97,7 @@ def _compare_sides(
     """Run the right side on `feeds` and compare it with the left side's outputs."""
     try:
         actual = run_graph(right, feeds)
-    except _UNDEFINED as err:
+    except (*_UNDEFINED, RunError) as err:
         return _Failure(
             _size(left),
             _show(left, right, feeds),
@@ -193,7 +193,7 @@ def judge(graph: Graph, run: CheckRun, seed: int) -> tuple[int, list[_Failure], 
         except Uncomputable as err:
             skipped.append(str(err))
             continue
-        except (ValueError, TypeError, IndexError, OverflowError, OptimizeError) as err:
+        except (ValueError, TypeError, IndexError, OverflowError, OptimizeError, RunError) as err:
             # The left side itself does not evaluate: a CPU kernel or an analysis at fault,
             # not this rule (see the reason, which names it).
             skipped.append(f"the left side does not evaluate: {type(err).__name__}: {err}")

@@ -20,6 +20,12 @@ from knopt.testing.rulecheck import SOUND, UNCHECKED, UNSOUND, RuleReport, check
 from knopt.testing.rulecheck.rulebook import read_rulebook
 
 PLANTED = {
+    # Gather's indices shifted by one: the right side reads past the axis (the checker once
+    # called a right side that fails to run "unchecked", not unsound).
+    "planted-gather-shift": """
+(rule ((= e (Gather x i a s)) (= si (shape i)) (= di (dtype i)))
+      ((union e (Gather x (BinaryOp (ADD) i (Splat 1.0 si di)) a s)))
+      :ruleset algebra :name "planted-gather-shift")""",
     # x - c is x + (-c), not x + c.
     "planted-wrong-sign": """
 (rewrite (BinaryOp (SUB) x c) (BinaryOp (ADD) x c)
@@ -175,6 +181,8 @@ def test_a_rule_whose_left_side_cannot_be_built_is_unchecked() -> None:
         "permute-of-permute",
         "type-matmul",
         "fold-binary",
+        "fold-gather",
+        "fold-scatter",
         "numel-step",
         "full-binary",
         "fuse-binary",
@@ -234,7 +242,7 @@ def test_few_shipped_rules_are_unchecked(shipped_reports: list[RuleReport]) -> N
     unchecked = [r for r in shipped_reports if r.verdict == UNCHECKED]
     if unchecked:
         warnings.warn("unchecked rules: " + "; ".join(r.line() for r in unchecked), stacklevel=1)
-    assert len(unchecked) <= 5, [r.line() for r in unchecked]
+    assert len(unchecked) <= 2, [r.line() for r in unchecked]
     seeded = [r for r in shipped_reports if r.name in SEEDED_MERGE_RULES]
     assert len(seeded) == len(SEEDED_MERGE_RULES)  # no stale name
     assert all(r.verdict == SOUND for r in seeded), [r.line() for r in seeded]
