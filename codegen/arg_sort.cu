@@ -2,6 +2,7 @@
 // elements that sort before it (smaller, or equal with a smaller index) and writes i there.
 // NaN sorts as the largest value, as in numpy. O(n^2) per row, but exact and race-free.
 extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@(@PARAMS@) {
+  KN_PDL_BEGIN();
   typedef @INDEX@ idx_t;
   const idx_t t = (idx_t)blockIdx.x * @THREADS@ + (idx_t)threadIdx.x;
   if (t >= @TOTAL@) return;

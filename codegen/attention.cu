@@ -24,6 +24,7 @@ extern "C" __global__ void __launch_bounds__(128) @NAME@(
     const @INDEX@ v0, const @INDEX@ v1, const @INDEX@ v2, const @INDEX@ vt, const @INDEX@ ve,
     const @INDEX@ b0, const @INDEX@ b1, const @INDEX@ b2, const @INDEX@ bs, const @INDEX@ bt,
     const @INDEX@ o0, const @INDEX@ o1, const @INDEX@ o2, const @INDEX@ os, const @INDEX@ oe) {
+  KN_PDL_BEGIN();
   using namespace kn::attn;
   typedef @INDEX@ idx_t;
   constexpr int RI = @ROWS_PER_THREAD@;

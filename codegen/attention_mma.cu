@@ -45,6 +45,7 @@ extern "C" __global__ void __launch_bounds__(128) @NAME@(
     const @INDEX@ b0, const @INDEX@ b1, const @INDEX@ b2, const @INDEX@ bs, const @INDEX@ bt,
     const @INDEX@ o0, const @INDEX@ o1, const @INDEX@ o2, const @INDEX@ os, const @INDEX@ oe,
     const int heads, const int chunk, const int splits) {
+  KN_PDL_BEGIN();
   using namespace kn::attn;
   typedef @INDEX@ idx_t;
   typedef @ELEM@ elem;

@@ -17,6 +17,25 @@ typedef long long i64;
 #define KN_INF_D __longlong_as_double(0x7ff0000000000000LL)
 #define KN_NAN_D __longlong_as_double(0x7ff8000000000000LL)
 
+// ---- programmatic dependent launch ---------------------------------------------------------
+
+// The first statement of every kernel (tests/cuda/test_templates.py checks it). On sm_90 and
+// later knopt launches its kernels with programmatic stream serialization (knopt/cuda/driver.py),
+// so a kernel's blocks may start before the kernel ahead of it on the stream has finished.
+// `griddepcontrol.wait` holds each thread until that kernel has completed and its writes are
+// visible. Nothing may touch global memory before it: through arena reuse, this kernel's output
+// may be a buffer the previous one still reads. `launch_dependents` then lets the next kernel's
+// blocks be scheduled while this one runs; they wait in turn for this whole grid to complete, and
+// a trigger only counts once every block of this grid has given it, so none of this grid's blocks
+// waits for room behind them. Without the launch attribute both instructions do nothing; below
+// sm_90 the macro is empty.
+#if __CUDA_ARCH__ >= 900
+#define KN_PDL_BEGIN() \
+  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define KN_PDL_BEGIN() ((void)0)
+#endif
+
 // ---- type facts ------------------------------------------------------------------------
 
 template <typename T> struct is_int { static constexpr bool value = false; };

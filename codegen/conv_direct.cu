@@ -2,6 +2,7 @@
 // for dtypes and shapes cuDNN does not take (integers, more than 3 spatial axes). The output is
 // dense, in row-major order (OUT_INDEX is i) or channels last.
 extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@(@PARAMS@) {
+  KN_PDL_BEGIN();
   typedef @INDEX@ idx_t;
   const idx_t i = (idx_t)blockIdx.x * @THREADS@ + (idx_t)threadIdx.x;
   if (i >= @COUNT@) return;

@@ -11,6 +11,7 @@ extern "C" __global__ void __launch_bounds__(256) @NAME@(
     const long long src_slot,
     const long long d0, const long long d1, const long long d2, const long long d3,
     const long long dst_slot, const long long row_stride) {
+  KN_PDL_BEGIN();
   const long long total = count * n0 * n1 * n2 * n3;
   const long long start = (long long)blockIdx.x * 256 + threadIdx.x;
   const long long shift = pos != nullptr ? (long long)(*pos) * row_stride : 0;

@@ -1,6 +1,7 @@
 // codegen/cumsum.cu: running sums along one axis, a thread per row (sequential, so the order
 // of additions is numpy's).
 extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@(@PARAMS@) {
+  KN_PDL_BEGIN();
   typedef @INDEX@ idx_t;
   const idx_t m = (idx_t)blockIdx.x * @THREADS@ + (idx_t)threadIdx.x;
   if (m >= @ROWS@) return;

@@ -2,6 +2,7 @@
 // Each thread writes VEC consecutive elements of the (contiguous) output; inputs whose last
 // axis is dense are read with one VEC-wide access, broadcast ones once, others element-wise.
 extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@(@PARAMS@) {
+  KN_PDL_BEGIN();
   typedef @INDEX@ idx_t;
   const idx_t group = (idx_t)blockIdx.x * @THREADS@ + (idx_t)threadIdx.x;
   if (group >= @GROUPS@) return;

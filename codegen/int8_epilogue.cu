@@ -20,6 +20,7 @@ extern "C" __global__ void __launch_bounds__(256)
            const float* __restrict__ row_scale, const float* __restrict__ col_scale, float scale,
            const float* __restrict__ bias, int zero_point, int qmin, int qmax,
            @OUT_T@* __restrict__ y) {
+  KN_PDL_BEGIN();
   constexpr bool REQUANTIZE = @REQUANTIZE@;  // else dequantize to @OUT_T@
   constexpr int ACTIVATION = @ACTIVATION@;   // 0: none, 1: relu (dequantize only)
   const size_t count = (size_t)m * n;

@@ -7,6 +7,7 @@
 extern "C" __global__ void __launch_bounds__(256)
     @NAME@(const unsigned char* __restrict__ x, signed char* __restrict__ out,
            int* __restrict__ rowsum, int k, int flip) {
+  KN_PDL_BEGIN();
   __shared__ int warp_sums[8];
   const size_t base = (size_t)blockIdx.x * k;
   int sum = 0;

@@ -3,6 +3,7 @@
 // block reduction (for reductions over the fastest axis). ROWS=0: a thread per output, looping
 // over the reduced elements (coalesced when the fastest axis is kept).
 extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@(@PARAMS@) {
+  KN_PDL_BEGIN();
   typedef @INDEX@ idx_t;
 #if @ROWS@
   __shared__ @ACC_T@ scratch[32];

@@ -4,6 +4,7 @@
 // tensor is strided (views of the projections, broadcast tables); sizes are literals that
 // knopt.cuda.generic lifts into launch arguments.
 extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@(@PARAMS@) {
+  KN_PDL_BEGIN();
   typedef @INDEX@ idx_t;
   typedef @C@ real;
   const idx_t i = (idx_t)blockIdx.x * @THREADS@ + (idx_t)threadIdx.x;

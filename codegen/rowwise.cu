@@ -6,6 +6,7 @@
 #define KN_RMS_NORM 2
 
 extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@(@PARAMS@) {
+  KN_PDL_BEGIN();
   typedef @INDEX@ idx_t;
   typedef @C@ real;
   constexpr int kThreads = @THREADS@;

@@ -1,6 +1,7 @@
 // codegen/scatter.cu: ScatterElements after out = data was copied: a thread per update writes
 // (or combines atomically) its value at the index it names along one axis.
 extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@(@PARAMS@) {
+  KN_PDL_BEGIN();
   typedef @INDEX@ idx_t;
   const idx_t i = (idx_t)blockIdx.x * @THREADS@ + (idx_t)threadIdx.x;
   if (i >= @COUNT@) return;

@@ -4,6 +4,7 @@
 // Non-finite x is hi (lo 0); hi rounded past the f32 range falls back to x truncated.
 extern "C" __global__ void __launch_bounds__(@THREADS@)
     @NAME@(float* __restrict__ out, const float* __restrict__ in0) {
+  KN_PDL_BEGIN();
   typedef @INDEX@ idx_t;
   const idx_t i = (idx_t)blockIdx.x * @THREADS@ + (idx_t)threadIdx.x;
   if (i >= @COUNT@) return;

@@ -7,5 +7,6 @@ extern "C" __global__ void @CLUSTER@ __launch_bounds__(@WARPS@ * 32, @MIN_BLOCKS
     @NAME@(const @T@* __restrict__ a, const unsigned char* __restrict__ b,
            const @T@* __restrict__ scales, const unsigned char* __restrict__ zeros,
            const @T@* __restrict__ bias, @T@* __restrict__ y, int m, int n, int k) {
+  KN_PDL_BEGIN();
   w4::gemv<@T@, @BLOCK@, @WARPS@, @DEPTH@, @SPLIT@>(a, b, scales, zeros, bias, y, m, n, k);
 }

@@ -7,10 +7,20 @@ Work is only queued on the stream, never waited for, except where the host needs
 (a download, `sync`). Other streams are ordered against it with events (`wait_for`,
 `make_wait`), and host objects that queued work reads (GPU arrays of other libraries, whose
 memory their allocator would reuse once freed) are kept until that work is done (`hold`).
+
+On sm_90 and later, knopt's own kernels launch with programmatic dependent launch: a kernel's
+blocks may be scheduled while the kernel ahead of it on the stream still runs, to shorten the
+gap between the small kernels of a batch-1 program. Every kernel knopt compiles opens with
+`KN_PDL_BEGIN()` (codegen/common.cuh), which waits for the kernel ahead to complete before it
+touches memory, so results are unchanged. Only `Gpu.launch` sets the attribute, and only knopt's
+kernels go through it: library kernels (cuBLASLt, cuDNN) are launched by their libraries as
+before. Set `KNOPT_PDL=0` to launch every kernel after the one ahead has finished, as on older
+GPUs (to compare the two, or to rule PDL out when chasing a bug).
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -28,6 +38,8 @@ VIEWS_KEPT = 64  # descriptions of device memory that `Gpu.dlpack` keeps for the
 STAGING_BYTES = 2 << 20  # pinned host memory that small uploads pass through (two halves)
 STAGED_MAX = 64 << 10  # uploads up to this size are staged; larger ones copy from where they are
 PAGE = 4096  # bytes of a host page (pinned memory starts on one)
+PDL_ENV = "KNOPT_PDL"
+PDL_ARCH = 90  # the first architecture with programmatic dependent launch (Hopper)
 
 
 def check(call: str, result: Any) -> Any:
@@ -58,6 +70,31 @@ def _describe(status: Any) -> str:
     return ""
 
 
+def pdl_enabled(arch: int) -> bool:
+    """Whether knopt's kernels launch with programmatic dependent launch on `arch` (such as 90).
+
+    On sm_90 and later, unless `KNOPT_PDL` is "0".
+    """
+    return arch >= PDL_ARCH and os.environ.get(PDL_ENV, "1").strip() != "0"
+
+
+def launch_config(
+    grid: tuple[int, int, int], block: tuple[int, int, int], shared: int, pdl: bool
+) -> core.LaunchConfig:
+    """The launch configuration of one of knopt's kernels.
+
+    Args:
+        grid: Blocks.
+        block: Threads per block.
+        shared: Bytes of dynamic shared memory.
+        pdl: Launch with programmatic stream serialization: only for a kernel that opens with
+            `KN_PDL_BEGIN()`, on a device where `pdl_enabled`.
+    """
+    return core.LaunchConfig(
+        grid=grid, block=block, shmem_size=shared, programmatic_stream_serialization=pdl
+    )
+
+
 class Gpu:
     """One device with one stream: everything runs in order on it.
 
@@ -74,6 +111,7 @@ class Gpu:
             raise CudaError(f"cuda.core.Device({index})", None, str(err)) from err
         self.index = index
         self.arch = f"sm_{self.device.arch}"
+        self.pdl = pdl_enabled(int(self.device.arch))  # read once: KNOPT_PDL applies per Gpu
         self.stream_handle = int(self.stream.handle)
         self._cu_device = check("cuDeviceGet", cu.cuDeviceGet(index))
         self._buffers: list[Any] = []
@@ -173,8 +211,12 @@ class Gpu:
         shared: int,
         args: Sequence[Any],
     ) -> None:
-        """Launch `kernel` on the stream (args: int addresses and numpy scalars)."""
-        config = core.LaunchConfig(grid=grid, block=block, shmem_size=shared)
+        """Launch one of knopt's kernels on the stream (args: int addresses and numpy scalars).
+
+        With programmatic dependent launch where `pdl` is on: `kernel` must be compiled from
+        codegen/, whose kernels wait for the one ahead before they touch memory.
+        """
+        config = launch_config(grid, block, shared, self.pdl)
         try:
             core.launch(self.stream, config, kernel, *args)
         except Exception as err:

@@ -61,3 +61,12 @@ def test_every_ir_kind_has_a_device_function() -> None:
     defined |= {f"u_{m}" for m in re.findall(r"KN_FLOAT_UNARY\((\w+),", header)}
     assert {f"u_{k.name.lower()}" for k in Unary} <= defined
     assert {f"b_{k.name.lower()}" for k in Binary} <= defined
+
+
+@pytest.mark.parametrize("name", _templates())
+def test_each_kernel_waits_for_the_kernel_ahead_before_anything_else(name: str) -> None:
+    # knopt launches its kernels with programmatic dependent launch (knopt/cuda/driver.py): one
+    # that touched memory before KN_PDL_BEGIN() could race with the kernel ahead of it.
+    text = template(name)
+    body = text[text.index("{", text.index('extern "C" __global__')) + 1 :]
+    assert body.lstrip().startswith("KN_PDL_BEGIN();")
