@@ -15,6 +15,12 @@ Kernel sources depend only on compile-time facts: dtype, head sizes, tile shape 
 (bias read, causal, operands aligned for 16-byte copies). Sequence lengths, head counts and
 every stride are launch arguments (`Geometry`, `size_args`), so one compiled kernel serves every
 size; the tile shape (`mma_tiles`) and the key split (`split_keys`) are chosen per size.
+
+A tensor-core attention past decoding (more than DECODE_ROWS query rows) whose operands cuDNN
+can read in place becomes an `Sdpa` step instead: cuDNN's fused attention, about 2.5x faster
+than the kernel above on the H200 (BERT-base 8 x 128: 54 against 137 us a layer), with that
+kernel kept in the step for when cuDNN declines the graph (`knopt.cuda.sdpa`). `KNOPT_SDPA=0`
+keeps every attention on knopt's kernels.
 """
 
 from __future__ import annotations
