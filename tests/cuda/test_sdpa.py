@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from knopt.cuda.gen import attention
+from knopt.cuda.gen.attention_views import attention_views
 from knopt.cuda.planner import build_plan
 from knopt.cuda.steps import (
     AttentionView,
@@ -110,6 +111,21 @@ def test_a_bias_broadcast_over_part_of_the_heads_is_not_cudnns() -> None:
     assert attention.sdpa_views(g, attention.BiasMode.TENSOR) is None
     views = attention.sdpa_views(g, attention.BiasMode.NONE)
     assert views is not None and views[0].dims == (2, 12, 32, 64) and views[4] is None
+
+
+def test_one_key_head_for_every_query_head_is_multi_query_attention() -> None:
+    q = (4 * 8 * 2048, 8 * 2048, 2048, 64, 1)
+    kv = (4 * 2048, 0, 0, 64, 1)  # [b, 1, 1, t, d] broadcast over both head axes
+    views = attention_views((32, 32, 64, 64), (2, 4, 8), (q, kv, kv, q, q), False)
+    assert views is not None
+    assert views[0].dims == (2, 32, 32, 64) and views[1].dims == (2, 1, 32, 64)
+    assert views[1].strides == (4 * 2048, 2048, 64, 1)  # the head axis of size 1: dense
+
+
+def test_keys_broadcast_over_the_batch_are_not_cudnns() -> None:
+    q = (4 * 2048, 2048, 0, 64, 1)
+    kv = (0, 2048, 0, 64, 1)
+    assert attention_views((32, 32, 64, 64), (2, 4, 1), (q, kv, kv, q, q), False) is None
 
 
 # ---- the step's bookkeeping (no GPU) -----------------------------------------------------------

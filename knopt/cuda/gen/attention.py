@@ -34,10 +34,11 @@ import numpy as np
 from knopt.cuda.cexpr import storage_type
 from knopt.cuda.context import LoweringContext
 from knopt.cuda.gen import rowwise
+from knopt.cuda.gen.attention_views import AttentionViews, attention_views
 from knopt.cuda.gen.indexing import PLACEHOLDER, index_type, named
 from knopt.cuda.gen.library import FusedEpilogue, gemm_step
 from knopt.cuda.layout import Layout, merge_axes
-from knopt.cuda.steps import Arg, AttentionView, Buf, Launch, Sdpa
+from knopt.cuda.steps import Arg, Buf, Launch, Sdpa
 from knopt.cuda.templates import render
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
@@ -384,9 +385,6 @@ def _mma_launch(
 
 # ---- cuDNN's fused attention -----------------------------------------------------------------
 
-# q, k, v, out and the bias (None when it is not read) as cuDNN takes them.
-SdpaViews = tuple[AttentionView, AttentionView, AttentionView, AttentionView, AttentionView | None]
-
 
 def sdpa_enabled() -> bool:
     """Whether attentions cuDNN may serve are given to it (`KNOPT_SDPA` is not "0")."""
@@ -436,107 +434,9 @@ def sdpa_step(
     )
 
 
-def sdpa_views(g: Geometry, bias: BiasMode) -> SdpaViews | None:
-    """q, k, v, out and bias (None unless read) as [batch, heads, rows, cols] cuDNN views.
-
-    The leading axes split into batch axes and head axes that q and out each walk as one;
-    k and v too, except that their innermost head axes may be broadcast (grouped queries).
-    None if no split does.
-    """
-    for cut in (1, 2):
-        views = _split_views(g, cut, bias)
-        if views is not None:
-            return views
-    return None
-
-
-def _split_views(g: Geometry, cut: int, bias: BiasMode) -> SdpaViews | None:
-    """`sdpa_views` with batch axes `g.lead[:cut]` and head axes the rest."""
-    lead = g.lead
-    q, k, v, b, out = g.strides
-    groups = []
-    for strides in (q, out):
-        batch = _merged(lead[:cut], strides[:cut])
-        heads = _merged(lead[cut:], strides[cut:3])
-        if batch is None or heads is None:
-            return None
-        groups.append((batch, heads))
-    repeat = _broadcast_tail(lead[cut:], k[cut:3], v[cut:3])
-    kv = []
-    for strides in (k, v):
-        batch = _merged(lead[:cut], strides[:cut])
-        heads = _merged(lead[cut : len(lead) - repeat[1]], strides[cut : len(lead) - repeat[1]])
-        if batch is None or heads is None:
-            return None
-        kv.append((batch, heads))
-    (qb, qh), (ob, oh) = groups
-    (kb, kh), (vb, vh) = kv
-    views = [
-        _view((qb, qh, (g.s, q[3]), (g.d, q[4]))),
-        _view((kb, kh, (g.t, k[3]), (g.d, k[4]))),
-        _view((vb, vh, (g.t, v[3]), (g.e, v[4]))),
-        _view((ob, oh, (g.s, out[3]), (g.e, out[4]))),
-    ]
-    if bias is not BiasMode.TENSOR:
-        return views[0], views[1], views[2], views[3], None
-    bias_batch = _broadcast_or_merged(lead[:cut], b[:cut], qb[0])
-    bias_heads = _broadcast_or_merged(lead[cut:], b[cut:3], qh[0])
-    if bias_batch is None or bias_heads is None:
-        return None
-    rows = (g.s, b[3]) if b[3] else (1, 0)
-    cols = (g.t, b[4]) if b[4] else (1, 0)
-    return views[0], views[1], views[2], views[3], _view((bias_batch, bias_heads, rows, cols))
-
-
-def _merged(dims: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int] | None:
-    """(size, stride) of axes walked as one, innermost stride; None if they are not."""
-    size, stride = 1, 0
-    for n, st in zip(reversed(dims), reversed(strides), strict=True):
-        if n == 1:
-            continue
-        if size > 1 and st != stride * size:
-            return None
-        if size == 1:
-            stride = st
-        size *= n
-    if size > 1 and stride == 0:
-        return None  # one element for every index: not a head or batch axis cuDNN reads
-    return size, stride
-
-
-def _broadcast_tail(
-    dims: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...]
-) -> tuple[int, int]:
-    """(query heads per key head, axes) of the innermost head axes k and v are broadcast over."""
-    repeat, axes = 1, 0
-    for n, ks, vs in zip(reversed(dims), reversed(k), reversed(v), strict=True):
-        if n > 1 and not (ks == vs == 0):
-            break
-        repeat *= n
-        axes += 1
-    return repeat, axes
-
-
-def _broadcast_or_merged(
-    dims: tuple[int, ...], strides: tuple[int, ...], full: int
-) -> tuple[int, int] | None:
-    """A bias's batch or head axes: (1, 0) if broadcast over all, else all walked as one."""
-    if not any(st for n, st in zip(dims, strides, strict=True) if n > 1):
-        return 1, 0
-    merged = _merged(dims, strides)
-    return merged if merged is not None and merged[0] == full else None
-
-
-def _view(axes: tuple[tuple[int, int], ...]) -> AttentionView:
-    """The view of four (size, stride) axes; a size-1 axis gets a dense tensor's stride."""
-    dims = [n for n, _ in axes]
-    strides = [st for _, st in axes]
-    for j in reversed(range(4)):
-        if dims[j] == 1:
-            strides[j] = 1 if j == 3 else dims[j + 1] * strides[j + 1]
-    return AttentionView(
-        (dims[0], dims[1], dims[2], dims[3]), (strides[0], strides[1], strides[2], strides[3])
-    )
+def sdpa_views(g: Geometry, bias: BiasMode) -> AttentionViews | None:
+    """q, k, v, out and bias (None unless read) as cuDNN views, or None (`attention_views`)."""
+    return attention_views((g.s, g.t, g.d, g.e), g.lead, g.strides, bias is BiasMode.TENSOR)
 
 
 def _exact_launch(ctx: LoweringContext, kernel: Kernel, scale: float, g: Geometry) -> Launch:
