@@ -359,7 +359,7 @@ def _tinygrad_cpu_compiler() -> str:
 
 def knopt_profile(executable: Any, feeds: dict[str, Any]) -> dict[str, Any]:
     """Each step of knopt's program run eagerly between CUDA events, grouped by kind."""
-    from knopt.cuda.steps import Gemm, Launch
+    from knopt.cuda.steps import Gemm, Launch, Sdpa
 
     bound = executable._bind(feeds)
     calls = executable._enqueuers(bound)
@@ -369,6 +369,9 @@ def knopt_profile(executable: Any, feeds: dict[str, Any]) -> dict[str, Any]:
             labels.append(step.name.split("_")[1])
             continue
         library = executable.library[index]
+        if isinstance(step, Sdpa):
+            labels.append("sdpa cudnn" if library[0] is not None else "attention direct")
+            continue
         if isinstance(step, Gemm):
             labels.append(f"gemm {step.dtype.short} {step.precision}")
         elif library is None:

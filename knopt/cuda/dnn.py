@@ -9,6 +9,8 @@ cuDNN version (`knopt.cuda.tuning`), so a later process builds only the chosen p
 Strict f32 leaves out the engines whose numerical notes break f32 results: TF32 tensor cores,
 inputs converted down, reduced-precision reductions, FFT, and Winograd with large tiles.
 One-dimensional convolutions run as two-dimensional ones of height 1.
+
+The same handle serves cuDNN's fused attention (`knopt.cuda.sdpa`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Any
 import cudnn
 
 from knopt.cuda import nvrtc, tuning
-from knopt.cuda.steps import Conv
+from knopt.cuda.sdpa import SdpaPlan
+from knopt.cuda.steps import Conv, Sdpa, describe_step
 from knopt.errors import CudaError
 from knopt.ir.dtype import DType
 
@@ -301,7 +304,7 @@ def _numel(dims: tuple[int, ...]) -> int:
 
 
 class Dnn:
-    """A cuDNN handle and the plans built with it, one per `ConvKey`.
+    """A cuDNN handle and the plans built with it, one per `ConvKey` or attention shape.
 
     Args:
         gpu: The GPU whose stream times the candidate plans (None: no timing, the
@@ -309,6 +312,7 @@ class Dnn:
 
     Attributes:
         declined: Why cuDNN declined a step's graph, by step (those run a direct kernel).
+            For attention, the step as planned (its tensors numbered by the executor).
     """
 
     def __init__(self, gpu: Any = None) -> None:
@@ -320,17 +324,19 @@ class Dnn:
         self._plans: dict[ConvKey, ConvPlan | None] = {}
         self._failures: dict[ConvKey, str] = {}
         self._cache: tuning.TuningCache | None = None
-        self.declined: dict[Conv, str] = {}
+        self.declined: dict[Conv | Sdpa, str] = {}
 
-    def plan(self, step: Conv) -> BoundConv | None:
+    def plan(self, step: Conv | Sdpa) -> BoundConv | SdpaPlan | None:
         """The plan of `step`: fused if cuDNN takes the epilogue, else plain.
 
         Must be called outside any stream capture (it may time candidate plans).
 
         Returns:
-            None if cuDNN has no engine for the convolution at all (the caller then runs the
-            step's direct kernel).
+            None if cuDNN has no engine for the convolution or attention at all (the caller
+            then runs the step's direct kernel).
         """
+        if isinstance(step, Sdpa):
+            return self._plan_attention(step)
         fusing = step.bias is not None or step.residual is not None or step.relu
         attempts = [True, False] if fusing and step.fallback is not None else [fusing]
         reasons = []
@@ -341,6 +347,13 @@ class Dnn:
             reasons.append(f"(fused={fused}): {self._failures[conv_key(step, fused)]}")
         self.declined[step] = f"{_describe(conv_key(step, False))} " + "; ".join(reasons)
         return None
+
+    def _plan_attention(self, step: Sdpa) -> SdpaPlan | None:
+        try:
+            return SdpaPlan(self.handle, step)
+        except Exception as err:  # cuDNN reports unsupported graphs by exceptions
+            self.declined[step] = f"{describe_step(step)}: {err}"
+            return None
 
     def plan_key(self, key: ConvKey) -> ConvPlan | None:
         """The plan of `key` with its engine chosen, or None if cuDNN cannot serve it."""

@@ -37,7 +37,7 @@ from knopt.cuda import nvrtc
 from knopt.cuda.driver import DEFAULT_SHARED_LIMIT, Gpu
 from knopt.cuda.generic import KernelLibrary, Template
 from knopt.cuda.planner import Plan
-from knopt.cuda.steps import Buf, Conv, Gemm, Launch, describe_step, kernel_launches
+from knopt.cuda.steps import Buf, Conv, Gemm, Launch, Sdpa, describe_step, kernel_launches
 from knopt.errors import CudaError, InputError, ResultError
 from knopt.ir.shape import format_shape
 
@@ -280,7 +280,7 @@ class Runtime:
         self._shared: dict[str, int] = {}
         self.blas: Blas | None = None  # made when a plan first calls cuBLASLt
         self.dnn: Dnn | None = None  # made when a plan first calls cuDNN
-        self._library_plans: dict[Gemm | Conv, Any] = {}
+        self._library_plans: dict[Gemm | Conv | Sdpa, Any] = {}
 
     # ---- kernels ----------------------------------------------------------------------------
 
@@ -331,7 +331,7 @@ class Runtime:
 
     # ---- library calls ---------------------------------------------------------------------
 
-    def library_plan(self, step: Gemm | Conv) -> tuple[Any, dict[int, int]]:
+    def library_plan(self, step: Gemm | Conv | Sdpa) -> tuple[Any, dict[int, int]]:
         """The cuBLASLt or cuDNN plan of a step's shape, and its tensors by the plan's ids.
 
         Plans are keyed by the call's shape and type, so equal calls of other tensors or other
@@ -383,7 +383,7 @@ class Runtime:
         return (*(self.pools[name].generation for name in POOLS), self.resident_generation)
 
 
-def _canonical(step: Gemm | Conv) -> tuple[Gemm | Conv, dict[int, int]]:
+def _canonical(step: Gemm | Conv | Sdpa) -> tuple[Gemm | Conv | Sdpa, dict[int, int]]:
     """The step with its tensors numbered 0, 1, ... and its fallbacks replaced by a marker."""
     if isinstance(step, Gemm):
         ids = {0: step.a.tensor, 1: step.b.tensor, 2: step.d.tensor}
@@ -403,6 +403,12 @@ def _canonical(step: Gemm | Conv) -> tuple[Gemm | Conv, dict[int, int]]:
             fallback=_FALLBACK if step.fallback is not None else None,
         )
         return gemm, ids
+    if isinstance(step, Sdpa):
+        ids = {0: step.q, 1: step.k, 2: step.v, 3: step.out}
+        if step.bias is not None:
+            ids[4] = step.bias
+        bias = 4 if step.bias is not None else None
+        return dataclasses.replace(step, q=0, k=1, v=2, out=3, bias=bias, direct=_FALLBACK), ids
     ids = {0: step.x, 1: step.w, 2: step.y}
     if step.bias is not None:
         ids[3] = step.bias
@@ -472,7 +478,7 @@ class Executable:
         self.library = {
             i: self.runtime.library_plan(s)
             for i, s in enumerate(plan.steps)
-            if isinstance(s, Gemm | Conv)
+            if isinstance(s, Gemm | Conv | Sdpa)
         }
         workspace = max([getattr(p, "workspace", 0) for p, _ in self.library.values() if p] + [0])
         self.workspace_bytes = workspace
@@ -564,13 +570,14 @@ class Executable:
                 continue
             library, ids = self.library[index]
             addresses = {mine: self._address(theirs, bound, bases) for mine, theirs in ids.items()}
+            fallback = None if isinstance(step, Sdpa) else step.fallback
             after = (
-                [step.fallback]
-                if step.fallback is not None and not (library is not None and library.fused)
+                [fallback]
+                if fallback is not None and not (library is not None and library.fused)
                 else []
             )
             if library is None:
-                assert isinstance(step, Conv) and step.direct is not None
+                assert isinstance(step, Conv | Sdpa) and step.direct is not None
                 calls.append(self._launcher(step.direct, bound, bases))
             else:
                 calls.append(_library_call(library, addresses, workspace, self.gpu.stream_handle))
@@ -746,7 +753,7 @@ class Executable:
         lines = []
         for index, step in enumerate(self.plan.steps):
             line = describe_step(step)
-            if isinstance(step, Gemm | Conv):
+            if isinstance(step, Gemm | Conv | Sdpa):
                 library = self.library[index][0]
                 line += (
                     " [fused]"

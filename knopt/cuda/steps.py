@@ -127,13 +127,57 @@ class Conv:
     channels_last: bool = False
 
 
-Step = Launch | Gemm | Conv
+@dataclass(frozen=True)
+class AttentionView:
+    """One operand of `Sdpa` as cuDNN takes it: dims [batch, heads, rows, cols] and strides.
+
+    Strides are in elements; an axis of size 1 has the stride a dense tensor would give it.
+    """
+
+    dims: tuple[int, int, int, int]
+    strides: tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class Sdpa:
+    """cuDNN's fused attention `out = softmax(scale * q @ k^T + bias) @ v`, inference only.
+
+    k and v may have fewer heads than q (grouped queries: query head h reads key head
+    h // (q heads / k heads)). A bias view has size 1 on the axes it is broadcast over.
+
+    Attributes:
+        bias: The additive bias tensor, or None (none, or the causal mask below).
+        causal: Keys after `row + t - s` are hidden (t >= s; aligned to the last key).
+        direct: knopt's attention kernel, run when cuDNN declines the graph.
+    """
+
+    q: int
+    k: int
+    v: int
+    out: int
+    bias: int | None
+    q_view: AttentionView
+    k_view: AttentionView
+    v_view: AttentionView
+    out_view: AttentionView
+    bias_view: AttentionView | None
+    scale: float
+    causal: bool
+    dtype: DType
+    direct: Launch
+
+
+Step = Launch | Gemm | Conv | Sdpa
 
 
 def step_tensors(step: Step) -> list[int]:
     """The plan tensors a step reads or writes."""
     if isinstance(step, Launch):
         return [arg.tensor for arg in step.args if isinstance(arg, Buf)]
+    if isinstance(step, Sdpa):
+        found = [step.q, step.k, step.v, step.out]
+        found += [step.bias] if step.bias is not None else []
+        return found + step_tensors(step.direct)
     if isinstance(step, Gemm):
         found = [step.a.tensor, step.b.tensor, step.d.tensor]
         if step.residual is not None:
@@ -160,6 +204,16 @@ def map_step_tensors(step: Step, new: Mapping[int, int]) -> Step:
     """
     if isinstance(step, Launch):
         return _map_launch(step, new)
+    if isinstance(step, Sdpa):
+        return dataclasses.replace(
+            step,
+            q=new[step.q],
+            k=new[step.k],
+            v=new[step.v],
+            out=new[step.out],
+            bias=new[step.bias] if step.bias is not None else None,
+            direct=_map_launch(step.direct, new),
+        )
     fallback = _map_launch(step.fallback, new) if step.fallback is not None else None
     bias = new[step.bias] if step.bias is not None else None
     if isinstance(step, Gemm):
@@ -198,6 +252,8 @@ def kernel_launches(step: Step) -> list[Launch]:
     """The NVRTC launches a step may make (a library call's fallback and direct kernels)."""
     if isinstance(step, Launch):
         return [step]
+    if isinstance(step, Sdpa):
+        return [step.direct]
     found = [step.fallback] if step.fallback is not None else []
     if isinstance(step, Conv) and step.direct is not None:
         found.append(step.direct)
@@ -208,6 +264,12 @@ def describe_step(step: Step) -> str:
     """One line naming a step, for plan dumps and error messages."""
     if isinstance(step, Launch):
         return f"launch {step.name} grid {step.grid} block {step.block}"
+    if isinstance(step, Sdpa):
+        mask = " +bias" if step.bias is not None else (" +causal" if step.causal else "")
+        return (
+            f"sdpa q{list(step.q_view.dims)} k{list(step.k_view.dims)} "
+            f"v{list(step.v_view.dims)} {step.dtype.short}{mask}"
+        )
     if isinstance(step, Gemm):
         extras = [
             x

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import ml_dtypes
 import numpy as np
@@ -25,7 +26,17 @@ from knopt.ir.dtype import DType
 from knopt.ir.program import Program
 from tests.cuda.programs import ProgramBuilder, random_array
 
+if TYPE_CHECKING:
+    from knopt.cuda.executor import Executable
+
 F16, BF16, F32 = DType.F16, DType.BF16, DType.F32
+
+
+@pytest.fixture(autouse=True)
+def _knopt_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This file tests knopt's own kernels; tests/cuda/test_sdpa.py tests cuDNN's."""
+    monkeypatch.setenv(attention.SDPA_ENV, "0")
+
 
 # ---- programs with one Attention op ------------------------------------------------------------
 
@@ -417,7 +428,8 @@ def _assert_close(actual: np.ndarray, expected: np.ndarray, bound: float, what: 
     )
 
 
-def _check(case: Case, rng: np.random.Generator) -> None:
+def check_case(case: Case, rng: np.random.Generator) -> Executable:
+    """Run `case` on the GPU against the CPU oracle; the executable that ran it."""
     from knopt.cuda import prepare
 
     mask = _mask(case, rng)
@@ -434,24 +446,25 @@ def _check(case: Case, rng: np.random.Generator) -> None:
     _assert_close(
         actual, expected, RELATIVE[case.dtype] * largest, f"{case}\n{executable.describe()}"
     )
+    return executable
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("case", _prefill_cases(), ids=str)
 def test_prefill_matches_the_cpu(case: Case, rng: np.random.Generator) -> None:
-    _check(case, rng)
+    check_case(case, rng)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("case", _decode_cases(), ids=str)
 def test_decoding_against_a_cache_matches_the_cpu(case: Case, rng: np.random.Generator) -> None:
-    _check(case, rng)
+    check_case(case, rng)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("case", SPECIAL_CASES, ids=str)
 def test_layouts_heads_and_masked_rows_match_the_cpu(case: Case, rng: np.random.Generator) -> None:
-    _check(case, rng)
+    check_case(case, rng)
 
 
 @pytest.mark.cuda

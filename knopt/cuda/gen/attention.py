@@ -15,11 +15,18 @@ Kernel sources depend only on compile-time facts: dtype, head sizes, tile shape 
 (bias read, causal, operands aligned for 16-byte copies). Sequence lengths, head counts and
 every stride are launch arguments (`Geometry`, `size_args`), so one compiled kernel serves every
 size; the tile shape (`mma_tiles`) and the key split (`split_keys`) are chosen per size.
+
+A tensor-core attention past decoding (more than DECODE_ROWS query rows) whose operands cuDNN
+can read in place becomes an `Sdpa` step instead: cuDNN's fused attention, about 2.5x faster
+than the kernel above on the H200 (BERT-base 8 x 128: 54 against 137 us a layer), with that
+kernel kept in the step for when cuDNN declines the graph (`knopt.cuda.sdpa`). `KNOPT_SDPA=0`
+keeps every attention on knopt's kernels.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,10 +34,11 @@ import numpy as np
 from knopt.cuda.cexpr import storage_type
 from knopt.cuda.context import LoweringContext
 from knopt.cuda.gen import rowwise
+from knopt.cuda.gen.attention_views import AttentionViews, attention_views
 from knopt.cuda.gen.indexing import PLACEHOLDER, index_type, named
 from knopt.cuda.gen.library import FusedEpilogue, gemm_step
 from knopt.cuda.layout import Layout, merge_axes
-from knopt.cuda.steps import Arg, Buf, Launch
+from knopt.cuda.steps import Arg, Buf, Launch, Sdpa
 from knopt.cuda.templates import render
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
@@ -46,6 +54,7 @@ LEAD_AXES = 3  # leading (batch, head) axes the kernels index; more fall back to
 MULTIPROCESSORS = 132  # an H200's
 TARGET_BLOCKS = 2 * MULTIPROCESSORS  # blocks that keep every multiprocessor busy
 DECODE_ROWS = 16  # up to this many query rows, one row tile whose warps split the keys
+SDPA_ENV = "KNOPT_SDPA"  # "0": attentions stay on knopt's kernels (cuDNN's is the default)
 
 
 @dataclass(frozen=True)
@@ -345,12 +354,20 @@ def mma_grid(g: Geometry, tiles: MmaTiles) -> MmaGrid:
 
 
 def _emit_mma(ctx: LoweringContext, kernel: Kernel, scale: float, g: Geometry) -> None:
+    bias = bias_mode(ctx, kernel.inputs[3], g)
+    launch = _mma_launch(ctx, kernel, scale, g, bias)
+    step = sdpa_step(ctx, kernel, scale, g, bias, launch) if sdpa_enabled() else None
+    ctx.emit(launch if step is None else step)
+
+
+def _mma_launch(
+    ctx: LoweringContext, kernel: Kernel, scale: float, g: Geometry, bias: BiasMode
+) -> Launch:
     tiles = mma_tiles(g.s, g.d, g.e)
     grid = mma_grid(g, tiles)
     dtype = ctx.dtype(kernel.inputs[0])
     itype = index_type(2 * max(g.extent(), grid.workspace))
     vec = tuple(is_vec(ctx.layout(x)) for x in kernel.inputs[:3])
-    bias = bias_mode(ctx, kernel.inputs[3], g)
     name, source = mma_source(dtype, g.d, g.e, tiles, bias, vec, itype)
     # With one split the kernel writes `out` itself and never reads its workspace or tickets.
     ws = tickets = kernel.output
@@ -363,7 +380,63 @@ def _emit_mma(ctx: LoweringContext, kernel: Kernel, scale: float, g: Geometry) -
     tail = (np.int32(g.heads), np.int32(grid.chunk), np.int32(grid.splits))
     args = (*_tensor_args(kernel), Buf(ws), Buf(tickets), *size_args(g, scale, itype), *tail)
     shared = mma_shared_bytes(tiles, g.d, g.e)
-    ctx.emit(Launch(name, source, (grid.blocks, grid.splits, 1), (THREADS, 1, 1), args, shared))
+    return Launch(name, source, (grid.blocks, grid.splits, 1), (THREADS, 1, 1), args, shared)
+
+
+# ---- cuDNN's fused attention -----------------------------------------------------------------
+
+
+def sdpa_enabled() -> bool:
+    """Whether attentions cuDNN may serve are given to it (`KNOPT_SDPA` is not "0")."""
+    return os.environ.get(SDPA_ENV, "1").strip() != "0"
+
+
+def sdpa_step(
+    ctx: LoweringContext,
+    kernel: Kernel,
+    scale: float,
+    g: Geometry,
+    bias: BiasMode,
+    direct: Launch,
+) -> Sdpa | None:
+    """The cuDNN step of a tensor-core attention, or None if it stays knopt's kernel.
+
+    Prefill only (decoding keeps the split kernel), on operands whose rows 16-byte copies read
+    (what cuDNN's kernels load), with a bias cuDNN can broadcast: whether cuDNN then takes the
+    graph is decided when the plan runs (`knopt.cuda.sdpa`), `direct` otherwise.
+    """
+    q, k, v, bias_tid = kernel.inputs
+    if g.s <= DECODE_ROWS or not all(is_vec(ctx.layout(x)) for x in (q, k, v, kernel.output)):
+        return None
+    views = sdpa_views(g, bias)
+    if views is None:
+        return None
+    if bias is BiasMode.TENSOR and (
+        ctx.dtype(bias_tid) != ctx.dtype(q) or ctx.layout(bias_tid).offset % 8 != 0
+    ):
+        return None
+    q_view, k_view, v_view, out_view, bias_view = views
+    return Sdpa(
+        q,
+        k,
+        v,
+        kernel.output,
+        bias_tid if bias is BiasMode.TENSOR else None,
+        q_view,
+        k_view,
+        v_view,
+        out_view,
+        bias_view,
+        scale,
+        bias is BiasMode.CAUSAL,
+        ctx.dtype(q),
+        direct,
+    )
+
+
+def sdpa_views(g: Geometry, bias: BiasMode) -> AttentionViews | None:
+    """q, k, v, out and bias (None unless read) as cuDNN views, or None (`attention_views`)."""
+    return attention_views((g.s, g.t, g.d, g.e), g.lead, g.strides, bias is BiasMode.TENSOR)
 
 
 def _exact_launch(ctx: LoweringContext, kernel: Kernel, scale: float, g: Geometry) -> Launch:
