@@ -32,13 +32,18 @@ def replace_acc(expr: Expr, index: int) -> Expr:
     return map_leaves(expr, lambda leaf: Load(index) if isinstance(leaf, Acc) else leaf)
 
 
-def emit_elementwise(ctx: LoweringContext, out: int, body: Expr, inputs: Sequence[int]) -> None:
+def emit_elementwise(
+    ctx: LoweringContext, out: int, body: Expr, inputs: Sequence[int], table: int | None = None
+) -> None:
     """Append the launch computing `out = body(inputs)`; `out` must be dense.
+
+    With a `table` (a plan tensor of 256 values of `out`'s type), `body` computes an 8-bit code
+    and the kernel writes the table's entry at the code's bits (knopt.cuda.gen.lookup).
 
     Raises:
         CodegenError: If `out` is not dense or an input does not broadcast to its shape.
     """
-    launch = elementwise_launch(ctx, out, body, inputs)
+    launch = elementwise_launch(ctx, out, body, inputs, table)
     if launch is not None:
         ctx.emit(launch)
 
@@ -49,7 +54,7 @@ def copy_launch(ctx: LoweringContext, out: int, source: int) -> Launch | None:
 
 
 def elementwise_launch(
-    ctx: LoweringContext, out: int, body: Expr, inputs: Sequence[int]
+    ctx: LoweringContext, out: int, body: Expr, inputs: Sequence[int], table: int | None = None
 ) -> Launch | None:
     """The launch computing `out = body(inputs)`, or None when `out` is empty.
 
@@ -108,6 +113,11 @@ def elementwise_launch(
     parameters = [(storage_type(target.dtype), "out", True)] + [
         (storage_type(load_dtypes[i]), f"in{slot}", False) for slot, i in enumerate(used)
     ]
+    tables: tuple[Buf, ...] = ()
+    if table is not None:
+        value = f"lut[(unsigned char)({result})]"
+        parameters.append((storage_type(target.dtype), "lut", False))
+        tables = (Buf(table),)
     source = render(
         "elementwise.cu",
         NAME=PLACEHOLDER,
@@ -124,7 +134,7 @@ def elementwise_launch(
         OUT_T=storage_type(target.dtype),
     )
     name, source = named("elementwise", source)
-    args = (Buf(out), *(Buf(inputs[i]) for i in used))
+    args = (Buf(out), *(Buf(inputs[i]) for i in used), *tables)
     return Launch(name, source, (blocks(count // vec, THREADS), 1, 1), (THREADS, 1, 1), args)
 
 

@@ -11,7 +11,9 @@ per output column:
 - `sum (a' - za')(b' - zb') = D - za' * colsum'[n] - zb'[n] * rowsum[m]` with `D = a' @ b'`,
   `colsum'[n] = sum_k b'[k, n] - K zb'[n]` (a constant) and `rowsum[m] = sum_k a'[m, k]`
   (the prologue's, needed only if some zb' is not 0): exact in int32, and written as the
-  first ops of the epilogue kernel, in place of its accumulator.
+  first ops of the epilogue kernel, in place of its accumulator. A constant `za'` is folded
+  into the constant column term while planning (`za' * colsum'[n]`, a load less and a product
+  less an element).
 
 Everything else (a weight computed at run time, per-row or per-k zero points, sizes cuBLASLt
 cannot take) runs the general path (knopt/cuda/gen/quantized.py).
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from knopt.cuda.context import LoweringContext
-from knopt.cuda.gen.constants import add_constant
+from knopt.cuda.gen.constants import add_constant, constant_array
 from knopt.cuda.gen.library import contiguous
 from knopt.cuda.int8_epilogue import EPILOGUE_THREADS, PROLOGUE, prologue_source
 from knopt.cuda.layout import Layout, contiguous_strides
@@ -139,21 +141,37 @@ def _accumulator(
     rank = len(out_shape)
     per_column = (0,) * (rank - 1) + (1,)
     per_row = (*contiguous_strides(out_shape[:-1]), 0)
-    a_zero = kernel.inputs[2]
-    offsets = add_constant(ctx, weight.offsets, DType.I32)
-    inputs = [
-        _across(ctx, d, out_shape, contiguous_strides(out_shape)),
-        _across(ctx, offsets, out_shape, per_column),
-        _across(ctx, a_zero, out_shape, (0,) * rank),  # a per-tensor zero point: one element
-    ]
     base = len(kernel.inputs)
-    zero: Expr = CastE(Load(base + 2), DType.I32)
-    if ctx.dtype(a_zero) is DType.U8:
-        zero = BinaryE(Binary.SUB, zero, Const(FLIP, DType.I32))
-    acc: Expr = BinaryE(Binary.SUB, Load(base), BinaryE(Binary.MUL, zero, Load(base + 1)))
+    inputs = [_across(ctx, d, out_shape, contiguous_strides(out_shape))]
+    acc: Expr = Load(base)
+    a_zero = kernel.inputs[2]
+    zero = _constant_zero(ctx, a_zero)
+    if zero is None:  # computed at run time: za' * colsum'[n] for each element
+        offsets = add_constant(ctx, weight.offsets, DType.I32)
+        inputs.append(_across(ctx, offsets, out_shape, per_column))
+        inputs.append(_across(ctx, a_zero, out_shape, (0,) * rank))  # one element
+        zero_expr: Expr = CastE(Load(base + 2), DType.I32)
+        if ctx.dtype(a_zero) is DType.U8:
+            zero_expr = BinaryE(Binary.SUB, zero_expr, Const(FLIP, DType.I32))
+        acc = BinaryE(Binary.SUB, acc, BinaryE(Binary.MUL, zero_expr, Load(base + 1)))
+    elif zero:
+        # Folded while planning, exactly: int32 products wrap as the kernel's would.
+        folded = (zero * weight.offsets.astype(np.int64)).astype(np.int32)
+        inputs.append(_across(ctx, add_constant(ctx, folded, DType.I32), out_shape, per_column))
+        acc = BinaryE(Binary.SUB, acc, Load(base + 1))
     if sums is not None:
         zeros = add_constant(ctx, weight.zeros, DType.I32)
+        at = base + len(inputs)
         inputs.append(_across(ctx, zeros, out_shape, per_column))
         inputs.append(_across(ctx, sums, out_shape, per_row))
-        acc = BinaryE(Binary.SUB, acc, BinaryE(Binary.MUL, Load(base + 3), Load(base + 4)))
+        acc = BinaryE(Binary.SUB, acc, BinaryE(Binary.MUL, Load(at), Load(at + 1)))
     return Accumulator(acc, tuple(inputs))
+
+
+def _constant_zero(ctx: LoweringContext, a_zero: int) -> int | None:
+    """The activations' zero point za' (moved as their codes were), where it is a constant."""
+    array = constant_array(ctx, a_zero)
+    if array is None or array.size == 0:
+        return None
+    shift = FLIP if ctx.dtype(a_zero) is DType.U8 else 0
+    return int(array[(0,) * array.ndim]) - shift

@@ -2,7 +2,8 @@
 
 Each main op computes its result (int32 for the integer products) into a temporary, and the
 kernel's epilogue (the model's requantization or dequantization, bias, activation, residual:
-whatever extraction fused) runs as one elementwise kernel over it. The integer paths are
+whatever extraction fused) runs as one elementwise kernel over it, which looks up what follows
+an 8-bit code in a table where it can (lookup.py). The integer paths are
 exact, so the CPU and the GPU agree bit for bit wherever the epilogue does.
 
 The fast paths: IntMatMul with a constant weight on the int8 tensor cores (imma.py), and
@@ -23,6 +24,7 @@ from knopt.cuda.gen.elementwise import emit_elementwise, replace_acc
 from knopt.cuda.gen.imma import emit_imma, imma_sizes_fit, int8_weight
 from knopt.cuda.gen.int4 import emit_w4a16, w4a16_format
 from knopt.cuda.gen.library import FusedEpilogue, gemm_step
+from knopt.cuda.gen.lookup import emit_elementwise_coded
 from knopt.cuda.gen.window import emit_conv_direct, emit_matmul_direct
 from knopt.cuda.layout import Layout
 from knopt.errors import UnsupportedModelError
@@ -50,7 +52,7 @@ def finish_epilogue(ctx: LoweringContext, kernel: Kernel, acc: int) -> None:
     """Run the kernel's epilogue over the main op's result `acc`, if it has one."""
     if kernel.epilogue is not None:
         body = replace_acc(kernel.epilogue, len(kernel.inputs))
-        emit_elementwise(ctx, kernel.output, body, [*kernel.inputs, acc])
+        emit_elementwise_coded(ctx, kernel.output, body, [*kernel.inputs, acc])
 
 
 def centered_int32(ctx: LoweringContext, value: int, zero: int) -> int:
@@ -80,7 +82,7 @@ def emit_int_matmul(ctx: LoweringContext, kernel: Kernel) -> None:
         return
     exact = emit_imma(ctx, kernel, weight)
     body = exact.expr if kernel.epilogue is None else substitute_acc(kernel.epilogue, exact.expr)
-    emit_elementwise(ctx, kernel.output, body, [*kernel.inputs, *exact.inputs])
+    emit_elementwise_coded(ctx, kernel.output, body, [*kernel.inputs, *exact.inputs])
 
 
 def substitute_acc(expr: Expr, acc: Expr) -> Expr:
