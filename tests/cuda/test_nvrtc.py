@@ -8,7 +8,7 @@ import pytest
 
 import knopt
 from knopt.cuda.planner import build_plan
-from knopt.cuda.steps import Conv, Launch
+from knopt.cuda.steps import Conv, Launch, Sdpa
 from knopt.errors import CudaError
 from knopt.ir.program import program_from_graph
 from tests.models import fixtures
@@ -43,8 +43,12 @@ def _fixture_sources(name: str) -> dict[str, str]:
     plan = build_plan(program_from_graph(knopt.load(fixture.path, {"batch": 2, "seq": 8})))
     sources = {}
     for step in plan.steps:
-        launches = [step] if isinstance(step, Launch) else [step.fallback]
-        launches += [step.direct] if isinstance(step, Conv) else []
+        if isinstance(step, Launch):
+            launches: list[Launch | None] = [step]
+        elif isinstance(step, Sdpa):
+            launches = [step.direct]
+        else:
+            launches = [step.fallback, step.direct if isinstance(step, Conv) else None]
         sources.update({s.name: s.source for s in launches if s is not None})
     return sources
 

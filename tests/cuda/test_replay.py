@@ -16,7 +16,17 @@ from knopt.cuda.context import LoweringContext
 from knopt.cuda.planner import Plan, build_plan
 from knopt.cuda.replay import KernelClasses, WatchedDict, kernel_classes, structure_key
 from knopt.cuda.resident import ResidentPlan
-from knopt.cuda.steps import Buf, Conv, Gemm, Launch, Operand, Step, map_step_tensors, step_tensors
+from knopt.cuda.steps import (
+    Buf,
+    Conv,
+    Gemm,
+    Launch,
+    Operand,
+    Sdpa,
+    Step,
+    map_step_tensors,
+    step_tensors,
+)
 from knopt.ir import bind_symbols, infer_sizes
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
@@ -49,7 +59,10 @@ def assert_same_plan(ours: Plan, theirs: Plan) -> None:
 
 def _argument_types(step: Step) -> list[type]:
     """The types of a step's launch arguments (np.int32(1) == np.int64(1), yet they differ)."""
-    launches = [step] if isinstance(step, Launch) else [step.fallback]
+    if isinstance(step, Launch):
+        launches: list[Launch | None] = [step]
+    else:
+        launches = [step.direct if isinstance(step, Sdpa) else step.fallback]
     return [type(a) for launch in launches if launch is not None for a in launch.args]
 
 
