@@ -10,7 +10,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from knopt.cuda.gen.rowwise import MAX_CACHED, VALUES_PER_THREAD, row_threads
+from knopt.cuda.gen.rowwise import (
+    BUSY_THREADS,
+    FEW_VALUES,
+    MANY_VALUES,
+    MAX_CACHED,
+    row_threads,
+    values_per_thread,
+)
 from knopt.cuda.planner import build_plan
 from knopt.cuda.steps import Launch
 from knopt.errors import CudaError
@@ -22,6 +29,8 @@ from tests.cuda.programs import ProgramBuilder, compare, random_feeds
 
 F32 = DType.F32
 LENGTHS = [33, 768, 5000, 20000]  # one warp; 64 threads; cached at 512; 1024, not cached
+# (leading size, length): 18 rows take few values a thread; the others enough rows for many.
+CASES = [(6, n) for n in LENGTHS] + [(1366, 33), (683, 768), (86, 5000)]
 
 
 def _mul(a, b):
@@ -33,19 +42,30 @@ def _add(a, b):
 
 
 def test_row_threads_keep_rows_within_the_cached_values() -> None:
-    assert VALUES_PER_THREAD <= MAX_CACHED
-    assert row_threads(768) == 64  # BERT-base: every row of a batch of 32 in one wave
-    for length in range(1, 20000, 37):
-        threads = row_threads(length)
-        assert threads == 1024 or threads * VALUES_PER_THREAD >= length
+    assert FEW_VALUES <= MANY_VALUES <= MAX_CACHED
+    assert row_threads(768, MANY_VALUES) == 64  # BERT-base: every row of a batch of 32 in one wave
+    for per_thread in (FEW_VALUES, MANY_VALUES):
+        for length in range(1, 20000, 37):
+            threads = row_threads(length, per_thread)
+            assert threads == 1024 or threads * per_thread >= length
 
 
-def _program(kind: str, length: int) -> Program:
+def test_many_rows_take_many_values_a_thread_and_few_rows_few() -> None:
+    assert values_per_thread(768, 32 * 128) == MANY_VALUES  # BERT-base at batch 32
+    assert values_per_thread(2048, 1) == FEW_VALUES  # a decoding step's norm at batch 1
+    assert values_per_thread(768, 128) == FEW_VALUES  # BERT-base at batch 1
+    for rows, length in CASES:
+        many = rows * 3 * row_threads(length, MANY_VALUES) >= BUSY_THREADS
+        assert values_per_thread(length, rows * 3) == (MANY_VALUES if many else FEW_VALUES)
+        assert many == (rows > 6)  # the cases below test both
+
+
+def _program(kind: str, rows: int, length: int) -> Program:
     """A norm or softmax whose prologue and epilogue read per-row and per-tensor values."""
     p = ProgramBuilder()
-    shape = (6, 3, length)
+    shape = (rows, 3, length)
     x = p.input("x", shape)
-    per_row = p.view(ops.Broadcast(shape), p.input("per_row", (6, 3, 1)))
+    per_row = p.view(ops.Broadcast(shape), p.input("per_row", (rows, 3, 1)))
     scalar = p.view(ops.Broadcast(shape), p.view(ops.View((1, 1, 1)), p.input("scalar", (1,))))
     op = {
         "softmax": ops.Softmax(2),
@@ -75,8 +95,8 @@ def test_rowwise_kernels_with_row_invariant_reads_compile(kind: str, tmp_path, m
     except (CudaError, RuntimeError) as err:
         pytest.skip(f"NVRTC cannot load: {err}")
     sources = {}
-    for length in LENGTHS:
-        steps = build_plan(_program(kind, length)).steps
+    for rows, length in CASES:
+        steps = build_plan(_program(kind, rows, length)).steps
         sources.update({s.name: s.source for s in steps if isinstance(s, Launch)})
     cubin = nvrtc.compile_cubin('#include "common.cuh"\n' + "\n".join(sources.values()), "sm_90")
     for name in sources:
@@ -85,9 +105,9 @@ def test_rowwise_kernels_with_row_invariant_reads_compile(kind: str, tmp_path, m
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("kind", ["softmax", "layer_norm", "rms_norm"])
-@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize(("rows", "length"), CASES)
 def test_rowwise_kernels_with_row_invariant_reads_match_the_cpu(
-    rng: np.random.Generator, kind: str, length: int
+    rng: np.random.Generator, kind: str, rows: int, length: int
 ) -> None:
-    program = _program(kind, length)
+    program = _program(kind, rows, length)
     compare(program, random_feeds(program, rng))
