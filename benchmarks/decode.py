@@ -3,6 +3,7 @@
     python benchmarks/decode.py            # 16 layers (~0.95B parameters), 256 new tokens
     python benchmarks/decode.py --quick    # 4 layers, 64 new tokens
     python benchmarks/decode.py --quick --profile   # then where knopt's host time goes
+    python benchmarks/decode.py --kernels   # then knopt's GPU kernels a step (KNOPT_PDL=0)
     python benchmarks/decode.py --exporter dynamo   # exported by torch.export (opset 18)
 
 A randomly initialised LLaMA decoder (transformers, no download; hidden 2048, 16 heads of 128,
@@ -174,6 +175,9 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="then profile knopt's host side (batch 1)"
     )
+    parser.add_argument(
+        "--kernels", action="store_true", help="then knopt's GPU kernels a step (batch 1)"
+    )
     args = parser.parse_args()
     import torch
 
@@ -241,6 +245,8 @@ def main() -> None:
         session.reset()
     if args.profile:
         _profile(session, new)
+    if args.kernels:
+        _kernels(session, new)
 
 
 def _profile(session: knopt.Session, new: int) -> None:
@@ -279,3 +285,40 @@ def _agreement(model: Any, prompt: Any, tokens: Any) -> float:
 
 if __name__ == "__main__":
     main()
+
+
+def _kernels(session: knopt.Session, new: int) -> None:
+    """The GPU kernels of knopt's batch-1 decoding step, by name (torch's profiler).
+
+    A generation of `new` tokens less one of a single token (the prefill alone), per step.
+    Under programmatic dependent launch a kernel's time includes its wait for the one ahead:
+    run with KNOPT_PDL=0 for each kernel's own time.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    prompt = torch.randint(0, 32000, (1, PROMPT), device="cuda")
+    knopt_generate(session, prompt, new)  # warm
+    totals = []
+    for count in (1, new):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            knopt_generate(session, prompt, count)
+            torch.cuda.synchronize()
+        kernels: dict[str, tuple[int, float]] = {}
+        for event in prof.key_averages():
+            us = float(getattr(event, "self_device_time_total", 0.0))
+            if us > 0:
+                kernels[event.key[:70]] = (event.count, us)
+        totals.append(kernels)
+    steps = new - 1
+    rows = []
+    for name, (count, us) in totals[1].items():
+        count0, us0 = totals[0].get(name, (0, 0.0))
+        rows.append((name, (count - count0) / steps, (us - us0) / steps))
+    rows.sort(key=lambda r: -r[2])
+    total = sum(r[2] for r in rows)
+    print(f"\nknopt's GPU kernels a decoding step (batch 1, mean of {steps} steps): {total:.1f} us")
+    print(f"{'kernel':70s} {'launches':>9s} {'us':>8s} {'share':>6s}")
+    for name, count, us in rows[:30]:
+        if count > 0:
+            print(f"{name:70s} {count:9.2f} {us:8.1f} {us / total:6.1%}")

@@ -568,7 +568,16 @@ def main() -> int:
     parser.add_argument(
         "--no-models", action="store_true", help="the products only, not the quantized BERT-base"
     )
+    parser.add_argument(
+        "--model-only", action="store_true", help="only the quantized BERT-base, not the products"
+    )
+    parser.add_argument(
+        "--kernels", action="store_true", help="with the model: knopt's GPU kernels of a replay"
+    )
     args = parser.parse_args()
+    if args.model_only:
+        print("\n".join(model_lines(bert_row(args.kernels))))
+        return 0
     rounds = 5 if args.quick else args.rounds
     bench = Bench()
     outputs = [o.value for o in supported_outputs(bench.blas.handle, 1024, 1024, 1024)]
@@ -583,7 +592,12 @@ def main() -> int:
         rows += w4a16_rows(bench, [1, 16, 128], 4096, 4096, 128, rounds, variants=False)
     lines = entry(rows, bench, outputs)
     if not (args.no_models or args.w4a16_only):
-        lines += ["", "Whole models (benchmarks/quantized_bert.py):", "", *model_lines(bert_row())]
+        lines += [
+            "",
+            "Whole models (benchmarks/quantized_bert.py):",
+            "",
+            *model_lines(bert_row(args.kernels)),
+        ]
     print("\n".join(lines))
     if args.json:
         raw = [

@@ -45,6 +45,7 @@ class ModelRow:
     seconds: dict[str, float] = field(default_factory=dict)  # preparation
     errors: dict[str, float] = field(default_factory=dict)
     kernels: dict[str, int] = field(default_factory=dict)
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)  # by method
 
 
 def time_cuda(
@@ -110,9 +111,14 @@ def quantize(float_path: Path, out: Path, x: np.ndarray) -> None:
 
 
 def _knopt(
-    path: Path, feeds: dict[str, Any], row: ModelRow, name: str, dims: dict[str, int] | None
+    path: Path,
+    feeds: dict[str, Any],
+    row: ModelRow,
+    name: str,
+    dims: dict[str, int] | None,
+    kernels: bool,
 ) -> np.ndarray:
-    """Optimize, prepare in fp16 and time one model; returns its output."""
+    """Optimize, prepare in fp16 and time one model (and profile it); returns its output."""
     began = time.perf_counter()
     result = knopt.optimize(knopt.load(path, dims=dims), profile="h200", ilp=False)
     row.seconds[f"{name} optimize"] = time.perf_counter() - began
@@ -123,6 +129,10 @@ def _knopt(
     row.seconds[f"{name} prepare"] = time.perf_counter() - began
     stream = torch.cuda.ExternalStream(executable.gpu.stream_handle)
     row.times[name] = time_cuda(executable.replay, stream)
+    if kernels:
+        from benchmarks.gpu import torch_profile
+
+        row.profiles[name] = torch_profile(executable.replay)
     return out.numpy()
 
 
@@ -133,8 +143,8 @@ def _onnxruntime(path: Path, x: np.ndarray) -> np.ndarray:
     return np.asarray(session.run(None, {"input_ids": x})[0])
 
 
-def bert_row() -> ModelRow:
-    """Build, quantize and time BERT-base at batch 32."""
+def bert_row(kernels: bool = False) -> ModelRow:
+    """Build, quantize and time BERT-base at batch 32 (and profile knopt's kernels)."""
     row = ModelRow()
     spec = gpu_models.MODELS["bert"]
     x = gpu_models.example(spec, BATCH)
@@ -146,8 +156,8 @@ def bert_row() -> ModelRow:
         quantize(float_path, int8_path, x.cpu().numpy())
         row.seconds["export and quantize"] = time.perf_counter() - began
         dims = {"batch": BATCH} if float_path.stem == spec.name else None  # a symbolic batch
-        int8_out = _knopt(int8_path, feeds, row, "knopt int8", dims)
-        float_out = _knopt(float_path, feeds, row, "knopt fp16", dims)
+        int8_out = _knopt(int8_path, feeds, row, "knopt int8", dims, kernels)
+        float_out = _knopt(float_path, feeds, row, "knopt fp16", dims, kernels)
         row.errors["int8 vs onnxruntime int8"] = relative_error(
             int8_out, _onnxruntime(int8_path, x.cpu().numpy())
         )
@@ -182,11 +192,23 @@ def model_lines(row: ModelRow) -> list[str]:
     verdict = "met" if ratio > 1.0 else "NOT met"
     checks = "; ".join(f"{k}: {v:.2g}" for k, v in row.errors.items())
     prep = "; ".join(f"{k} {v:.0f} s" for k, v in row.seconds.items())
-    return [
-        *lines,
+    lines += [
         "",
         f"- quantized BERT-base: {ratio:.2f}x knopt's fp16 run of the float model "
         f"(target: faster, {verdict})",
         f"- relative errors: {checks}",
         f"- preparation: {prep}",
     ]
+    for method, profile in row.profiles.items():
+        lines += [
+            "",
+            f"{method}: GPU kernels of one replay, {profile['total_ms']:.3f} ms",
+            "",
+            "| kernel | launches | ms | share |",
+            "| --- | ---: | ---: | ---: |",
+            *(
+                f"| `{g['kind']}` | {g['count']} | {g['ms']:.3f} | {g['share']:.1%} |"
+                for g in profile["groups"]
+            ),
+        ]
+    return lines
