@@ -319,6 +319,6 @@ def _kernels(session: knopt.Session, new: int) -> None:
     total = sum(r[2] for r in rows)
     print(f"\nknopt's GPU kernels a decoding step (batch 1, mean of {steps} steps): {total:.1f} us")
     print(f"{'kernel':70s} {'launches':>9s} {'us':>8s} {'share':>6s}")
-    for name, count, us in rows[:30]:
-        if count > 0:
-            print(f"{name:70s} {count:9.2f} {us:8.1f} {us / total:6.1%}")
+    for name, launches, step_us in rows[:30]:
+        if launches > 0:
+            print(f"{name:70s} {launches:9.2f} {step_us:8.1f} {step_us / total:6.1%}")
