@@ -110,4 +110,10 @@ def test_rowwise_kernels_with_row_invariant_reads_match_the_cpu(
     rng: np.random.Generator, kind: str, rows: int, length: int
 ) -> None:
     program = _program(kind, rows, length)
-    compare(program, random_feeds(program, rng))
+    feeds = random_feeds(program, rng)
+    # A per-row scale near 0 makes the prologue's `x * s + c` a row of tiny spread around c,
+    # where its one rounding (a fused multiply-add on the GPU, two roundings on the CPU) is
+    # magnified 1/|s| times by the normalisation: keep the rows well conditioned.
+    per_row = feeds["per_row"]
+    feeds["per_row"] = (np.sign(per_row) * (0.5 + np.abs(per_row))).astype(per_row.dtype)
+    compare(program, feeds)
