@@ -283,10 +283,6 @@ def _agreement(model: Any, prompt: Any, tokens: Any) -> float:
     return float((reference == tokens[:, :16]).float().mean())
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _kernels(session: knopt.Session, new: int) -> None:
     """The GPU kernels of knopt's batch-1 decoding step, by name (torch's profiler).
 
@@ -322,3 +318,7 @@ def _kernels(session: knopt.Session, new: int) -> None:
     for name, launches, step_us in rows[:30]:
         if launches > 0:
             print(f"{name:70s} {launches:9.2f} {step_us:8.1f} {step_us / total:6.1%}")
+
+
+if __name__ == "__main__":
+    main()
