@@ -370,7 +370,9 @@ def knopt_profile(executable: Any, feeds: dict[str, Any]) -> dict[str, Any]:
             continue
         library = executable.library[index]
         if isinstance(step, Sdpa):
-            labels.append("sdpa cudnn" if library[0] is not None else "attention direct")
+            cudnn = library[0] is not None
+            labels.append("sdpa cudnn" if cudnn else "attention direct")
+            labels += ["sdpa nan rows"] if cudnn and step.fixup is not None else []
             continue
         if isinstance(step, Gemm):
             labels.append(f"gemm {step.dtype.short} {step.precision}")

@@ -408,7 +408,10 @@ def _canonical(step: Gemm | Conv | Sdpa) -> tuple[Gemm | Conv | Sdpa, dict[int, 
         if step.bias is not None:
             ids[4] = step.bias
         bias = 4 if step.bias is not None else None
-        return dataclasses.replace(step, q=0, k=1, v=2, out=3, bias=bias, direct=_FALLBACK), ids
+        sdpa = dataclasses.replace(
+            step, q=0, k=1, v=2, out=3, bias=bias, direct=_FALLBACK, fixup=None
+        )
+        return sdpa, ids
     ids = {0: step.x, 1: step.w, 2: step.y}
     if step.bias is not None:
         ids[3] = step.bias
@@ -570,12 +573,12 @@ class Executable:
                 continue
             library, ids = self.library[index]
             addresses = {mine: self._address(theirs, bound, bases) for mine, theirs in ids.items()}
-            fallback = None if isinstance(step, Sdpa) else step.fallback
-            after = (
-                [fallback]
-                if fallback is not None and not (library is not None and library.fused)
-                else []
-            )
+            if isinstance(step, Sdpa):  # cuDNN's zeros where knopt's kernel gives NaN
+                after = [step.fixup] if step.fixup is not None and library is not None else []
+            else:
+                fallback = step.fallback
+                fused = library is not None and library.fused
+                after = [fallback] if fallback is not None and not fused else []
             if library is None:
                 assert isinstance(step, Conv | Sdpa) and step.direct is not None
                 calls.append(self._launcher(step.direct, bound, bases))

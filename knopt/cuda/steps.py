@@ -149,6 +149,8 @@ class Sdpa:
         bias: The additive bias tensor, or None (none, or the causal mask below).
         causal: Keys after `row + t - s` are hidden (t >= s; aligned to the last key).
         direct: knopt's attention kernel, run when cuDNN declines the graph.
+        fixup: Run after cuDNN's call (not after `direct`): NaN over the output rows whose
+            bias hides every key, where cuDNN writes 0 (`knopt.cuda.gen.attention_nan`).
     """
 
     q: int
@@ -165,6 +167,7 @@ class Sdpa:
     causal: bool
     dtype: DType
     direct: Launch
+    fixup: Launch | None = None
 
 
 Step = Launch | Gemm | Conv | Sdpa
@@ -177,6 +180,7 @@ def step_tensors(step: Step) -> list[int]:
     if isinstance(step, Sdpa):
         found = [step.q, step.k, step.v, step.out]
         found += [step.bias] if step.bias is not None else []
+        found += step_tensors(step.fixup) if step.fixup is not None else []
         return found + step_tensors(step.direct)
     if isinstance(step, Gemm):
         found = [step.a.tensor, step.b.tensor, step.d.tensor]
@@ -213,6 +217,7 @@ def map_step_tensors(step: Step, new: Mapping[int, int]) -> Step:
             out=new[step.out],
             bias=new[step.bias] if step.bias is not None else None,
             direct=_map_launch(step.direct, new),
+            fixup=_map_launch(step.fixup, new) if step.fixup is not None else None,
         )
     fallback = _map_launch(step.fallback, new) if step.fallback is not None else None
     bias = new[step.bias] if step.bias is not None else None
@@ -253,7 +258,7 @@ def kernel_launches(step: Step) -> list[Launch]:
     if isinstance(step, Launch):
         return [step]
     if isinstance(step, Sdpa):
-        return [step.direct]
+        return [step.direct] + ([step.fixup] if step.fixup is not None else [])
     found = [step.fallback] if step.fallback is not None else []
     if isinstance(step, Conv) and step.direct is not None:
         found.append(step.direct)

@@ -46,7 +46,7 @@ def _fixture_sources(name: str) -> dict[str, str]:
         if isinstance(step, Launch):
             launches: list[Launch | None] = [step]
         elif isinstance(step, Sdpa):
-            launches = [step.direct]
+            launches = [step.direct, step.fixup]
         else:
             launches = [step.fallback, step.direct if isinstance(step, Conv) else None]
         sources.update({s.name: s.source for s in launches if s is not None})

@@ -62,7 +62,7 @@ def _argument_types(step: Step) -> list[type]:
     if isinstance(step, Launch):
         launches: list[Launch | None] = [step]
     else:
-        launches = [step.direct if isinstance(step, Sdpa) else step.fallback]
+        launches = [step.direct, step.fixup] if isinstance(step, Sdpa) else [step.fallback]
     return [type(a) for launch in launches if launch is not None for a in launch.args]
 
 

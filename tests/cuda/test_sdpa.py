@@ -15,6 +15,7 @@ from knopt.cuda.gen.attention_views import attention_views
 from knopt.cuda.planner import build_plan
 from knopt.cuda.steps import (
     AttentionView,
+    Buf,
     Launch,
     Sdpa,
     describe_step,
@@ -133,14 +134,49 @@ def test_keys_broadcast_over_the_batch_are_not_cudnns() -> None:
 
 def test_the_step_names_its_tensors_and_its_fallback_kernel() -> None:
     step = _sdpa(Case(F16, 2, 4, 64, 64, 64, 64, "dense", "padding"))
-    assert step.bias is not None
-    assert kernel_launches(step) == [step.direct]
+    assert step.bias is not None and step.fixup is not None
+    assert kernel_launches(step) == [step.direct, step.fixup]
+    assert [a.tensor for a in step.fixup.args if isinstance(a, Buf)] == [step.bias, step.out]
     tensors = step_tensors(step)
     assert {step.q, step.k, step.v, step.out, step.bias} <= set(tensors)
     renamed = map_step_tensors(step, {t: t + 100 for t in tensors})
-    assert isinstance(renamed, Sdpa)
+    assert isinstance(renamed, Sdpa) and renamed.fixup is not None
     assert step_tensors(renamed) == [t + 100 for t in tensors]
+    assert [a.tensor for a in renamed.fixup.args if isinstance(a, Buf)] == [
+        step.bias + 100,
+        step.out + 100,
+    ]
     assert describe_step(step) == "sdpa q[2, 4, 64, 64] k[2, 4, 64, 64] v[2, 4, 64, 64] f16 +bias"
+
+
+def test_only_a_bias_can_hide_every_key_of_a_row() -> None:
+    assert _sdpa(Case(F16, 2, 4, 64, 64, 64, 64, "gqa", "causal")).fixup is None
+    step = _sdpa(Case(F16, 2, 3, 64, 64, 64, 64, "dense", "masked_rows"))
+    assert step.fixup is not None and step.bias_view is not None
+    assert step.bias_view.dims == (1, 1, 64, 64)  # one bias row a query row, for every head
+    assert step.fixup.grid[0] * step.fixup.block[0] >= 64 * 32  # a warp a bias row
+
+
+def test_the_nan_rows_kernel_compiles(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("KNOPT_CACHE_DIR", str(tmp_path))
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
+    from knopt.cuda import nvrtc
+    from knopt.errors import CudaError
+
+    try:
+        nvrtc.version()
+    except (CudaError, RuntimeError) as err:
+        pytest.skip(f"NVRTC cannot load: {err}")
+    fixups = {}
+    for case in (
+        Case(F16, 2, 3, 64, 64, 64, 64, "dense", "masked_rows"),
+        Case(BF16, 4, 12, 128, 128, 64, 64, "export", "padding"),
+    ):
+        fixup = _sdpa(case).fixup
+        assert fixup is not None
+        fixups[fixup.name] = fixup.source
+    cubin = nvrtc.compile_cubin('#include "common.cuh"\n' + "\n".join(fixups.values()), "sm_90")
+    assert all(name.encode() in cubin for name in fixups)
 
 
 def test_equal_attentions_over_other_tensors_share_one_cudnn_plan() -> None:
@@ -208,6 +244,9 @@ TRANSFORMER_CASES = [
     # GPT-2: causal, as a -inf or a finite mask
     Case(F16, 4, 12, 128, 128, 64, 64, "export", "causal_finite"),
     Case(BF16, 2, 12, 431, 431, 64, 64, "export", "causal"),
+    # Rows whose keys are all -inf: NaN there (cuDNN writes 0; the launch after it, NaN)
+    Case(F16, 2, 3, 64, 64, 64, 64, "dense", "masked_rows"),
+    Case(BF16, 4, 12, 128, 128, 64, 64, "export", "masked_rows"),
     # LLaMA: grouped queries, causal, head size 64 and 128
     Case(F16, 2, 16, 128, 128, 64, 64, "gqa", "causal"),
     Case(BF16, 1, 32, 256, 256, 128, 128, "gqa", "causal"),
@@ -219,7 +258,6 @@ OTHER_CASES = [
     Case(F16, 2, 3, 70, 45, 64, 32, "dense", "padding"),  # cross attention, e != d
     Case(BF16, 1, 4, 100, 100, 256, 256, "export", "causal"),
     Case(F16, 1, 32, 64, 1000, 128, 128, "cache", "padding"),  # a chunk against a cache
-    Case(F16, 2, 3, 64, 64, 64, 64, "dense", "masked_rows"),  # rows all -inf: NaN
 ]
 
 
@@ -250,7 +288,7 @@ def test_a_graph_cudnn_declines_runs_knopts_kernel(
 ) -> None:
     from knopt.cuda import dnn
 
-    def decline(handle: object, step: Sdpa) -> None:
+    def decline(handle: object, step: Sdpa, kernel_cache: object = None) -> None:
         raise RuntimeError("cudnn: GRAPH_NOT_SUPPORTED (planted by the test)")
 
     monkeypatch.setattr(dnn, "SdpaPlan", decline)

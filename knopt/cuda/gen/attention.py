@@ -34,6 +34,7 @@ import numpy as np
 from knopt.cuda.cexpr import storage_type
 from knopt.cuda.context import LoweringContext
 from knopt.cuda.gen import rowwise
+from knopt.cuda.gen.attention_nan import nan_rows_launch
 from knopt.cuda.gen.attention_views import AttentionViews, attention_views
 from knopt.cuda.gen.indexing import PLACEHOLDER, index_type, named
 from knopt.cuda.gen.library import FusedEpilogue, gemm_step
@@ -431,6 +432,11 @@ def sdpa_step(
         bias is BiasMode.CAUSAL,
         ctx.dtype(q),
         direct,
+        (
+            nan_rows_launch(ctx.dtype(q), bias_tid, bias_view, kernel.output, out_view)
+            if bias_view is not None
+            else None
+        ),
     )
 
 
