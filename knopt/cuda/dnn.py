@@ -22,7 +22,7 @@ from typing import Any
 import cudnn
 
 from knopt.cuda import nvrtc, tuning
-from knopt.cuda.sdpa import SdpaPlan, kernel_cache
+from knopt.cuda.sdpa import SdpaPlan
 from knopt.cuda.steps import Conv, Sdpa, describe_step
 from knopt.errors import CudaError
 from knopt.ir.dtype import DType
@@ -325,7 +325,6 @@ class Dnn:
         self._failures: dict[ConvKey, str] = {}
         self._cache: tuning.TuningCache | None = None
         self.declined: dict[Conv | Sdpa, str] = {}
-        self._kernels: Any = None  # cuDNN's kernel cache for attention graphs, made on first use
 
     def plan(self, step: Conv | Sdpa) -> BoundConv | SdpaPlan | None:
         """The plan of `step`: fused if cuDNN takes the epilogue, else plain.
@@ -350,10 +349,8 @@ class Dnn:
         return None
 
     def _plan_attention(self, step: Sdpa) -> SdpaPlan | None:
-        if self._kernels is None:
-            self._kernels = kernel_cache()
         try:
-            return SdpaPlan(self.handle, step, self._kernels)
+            return SdpaPlan(self.handle, step)
         except Exception as err:  # cuDNN reports unsupported graphs by exceptions
             self.declined[step] = f"{describe_step(step)}: {err}"
             return None

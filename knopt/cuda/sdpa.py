@@ -1,11 +1,7 @@
 """cuDNN's fused attention (the frontend's SDPA forward, inference) for `Sdpa` steps.
 
 One graph per step shape (views, scale, mask, dtype; no tensors), built when a plan of that
-size is first made and kept by the runtime with the other library plans. Graphs are built as
-dynamic-shape graphs that share one kernel cache (`Dnn`'s): cuDNN compiles its attention kernel
-at run time, hundreds of milliseconds, and a graph of the same form at another size binds the
-kernel compiled before instead of compiling again. A frontend or graph without dynamic shapes
-builds statically, as before. q, k and v are read in
+size is first made and kept by the runtime with the other library plans: q, k and v are read in
 place through their strides, the output written through its own, grouped-query k and v with
 fewer heads than q. The engine is the heuristic's first that builds: cuDNN offers one or two
 for attention, so nothing is timed. A graph cuDNN declines (shape, strides, mask, version)
@@ -42,25 +38,15 @@ class SdpaPlan:
 
     fused = True
 
-    def __init__(self, handle: Any, step: Sdpa, kernel_cache: Any = None) -> None:
+    def __init__(self, handle: Any, step: Sdpa) -> None:
         self.handle = handle
         self.step = step
-        if kernel_cache is not None:
-            try:
-                self._build(step, {"is_dynamic_shape_enabled": True, "kernel_cache": kernel_cache})
-                return
-            except Exception:  # cuDNN declines dynamic shapes for some graphs: build statically
-                pass
-        self._build(step, {})
-
-    def _build(self, step: Sdpa, dynamic: dict[str, Any]) -> None:
         io = _TYPES[step.dtype]
         graph = cudnn.pygraph(
             io_data_type=io,
             intermediate_data_type=cudnn.data_type.FLOAT,
             compute_data_type=cudnn.data_type.FLOAT,
-            handle=self.handle,
-            **dynamic,
+            handle=handle,
         )
 
         def tensor(name: str, view: AttentionView) -> Any:
@@ -122,14 +108,3 @@ def _inference_sdpa(graph: Any, q: Any, k: Any, v: Any, options: dict[str, Any])
     except TypeError:  # a frontend from before `generate_stats` (it took `is_inference`)
         out, _ = graph.sdpa(q=q, k=k, v=v, is_inference=True, **options)
     return out
-
-
-def kernel_cache() -> Any:
-    """A cuDNN kernel cache for dynamic-shape graphs, or None if the frontend has none."""
-    create = getattr(cudnn, "create_kernel_cache", None)
-    if create is None:
-        return None
-    try:
-        return create()
-    except Exception:  # a frontend built without it: graphs build statically
-        return None
