@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
 
 import knopt
 from benchmarks import gpu_models
 from knopt.cuda.runner import CudaRunner
+from tests.cuda.quant import quantize_linear_layers
 
 BATCH = 32
 
@@ -72,42 +72,6 @@ def relative_error(mine: np.ndarray, exact: np.ndarray) -> float:
     """‖mine - exact‖ / ‖exact‖ in float64."""
     mine, exact = mine.astype(np.float64).ravel(), exact.astype(np.float64).ravel()
     return float(np.linalg.norm(mine - exact) / max(float(np.linalg.norm(exact)), 1e-300))
-
-
-def _linear_matmuls(path: Path) -> list[str]:
-    """MatMul nodes whose second operand is a weight (an initializer)."""
-    model = onnx.load(path)
-    weights = {t.name for t in model.graph.initializer}
-    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
-
-
-def quantize(float_path: Path, out: Path, x: np.ndarray) -> None:
-    """The model's linear layers quantized to int8 QDQ by onnxruntime, calibrated on `x`."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    class _OneBatch(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.batches = iter([{"input_ids": x}])
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.batches, None)
-
-    quantize_static(
-        str(float_path),
-        str(out),
-        _OneBatch(),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QInt8,
-        weight_type=QuantType.QInt8,
-        nodes_to_quantize=_linear_matmuls(float_path),
-        extra_options={"WeightSymmetric": True, "ActivationSymmetric": False},
-    )
 
 
 def _knopt(
@@ -153,7 +117,7 @@ def bert_row(kernels: bool = False) -> ModelRow:
         int8_path = Path(folder) / "bert_int8.onnx"
         began = time.perf_counter()
         float_path = gpu_models.export(gpu_models.build(spec), spec, Path(folder), BATCH)
-        quantize(float_path, int8_path, x.cpu().numpy())
+        quantize_linear_layers(float_path, int8_path, {"input_ids": x.cpu().numpy()})
         row.seconds["export and quantize"] = time.perf_counter() - began
         dims = {"batch": BATCH} if float_path.stem == spec.name else None  # a symbolic batch
         int8_out = _knopt(int8_path, feeds, row, "knopt int8", dims, kernels)

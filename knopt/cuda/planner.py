@@ -23,6 +23,7 @@ import numpy as np
 
 from knopt.cuda.cexpr import check_dtype
 from knopt.cuda.context import REGIONS, Buffer, LoweringContext, PlanTensor
+from knopt.cuda.gen.attention_layout import assign_attention_layouts
 from knopt.cuda.gen.channels_last import assign_layouts
 from knopt.cuda.gen.elementwise import copy_launch
 from knopt.cuda.layout import Layout
@@ -118,6 +119,7 @@ def build_plan(
     cached = {s.input: s for s in resident.slots} if resident is not None else {}
     _lay_out_leaves(ctx, program, cached)
     assign_layouts(ctx, program)  # channels last for regions of half-precision convolutions
+    assign_attention_layouts(ctx, program)  # attention outputs in the order they are read
     direct = direct_appends(program, resident) if resident is not None else {}
     for index, kernel in enumerate(program.kernels):
         ctx.where = _describe(kernel)

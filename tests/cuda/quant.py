@@ -1,13 +1,17 @@
 """Helpers of the quantized-kernel GPU tests (and benchmarks/quantized.py): random MatMulNBits
-weights, numpy references, and arrays moved to and from the device."""
+weights, numpy references, arrays moved to and from the device, and linear layers quantized
+as benchmarks/quantized_bert.py quantizes BERT-base."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
+import onnx
 
 from knopt.ir.dtype import DType
 
@@ -86,3 +90,43 @@ class Device:
     def sm_count(self) -> int:
         """The GPU's multiprocessor count."""
         return int(self.gpu.device.properties.multiprocessor_count)
+
+
+def _linear_matmuls(path: Path) -> list[str]:
+    """MatMul nodes whose second operand is a weight (an initializer)."""
+    model = onnx.load(path)
+    weights = {t.name for t in model.graph.initializer}
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+
+
+def quantize_linear_layers(float_path: Path, out: Path, feeds: Mapping[str, np.ndarray]) -> None:
+    """The model's linear layers quantized to int8 QDQ by onnxruntime, calibrated on `feeds`.
+
+    int8 activations (asymmetric) and symmetric per-channel int8 weights; the attention
+    products stay float, as int8 deployments of BERT usually keep them.
+    """
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    class _OneBatch(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([dict(feeds)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    quantize_static(
+        str(float_path),
+        str(out),
+        _OneBatch(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        nodes_to_quantize=_linear_matmuls(float_path),
+        extra_options={"WeightSymmetric": True, "ActivationSymmetric": False},
+    )

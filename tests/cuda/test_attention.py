@@ -18,8 +18,8 @@ import pytest
 
 from knopt.cpu.program import run_program
 from knopt.cuda.gen import attention
-from knopt.cuda.planner import build_plan
-from knopt.cuda.steps import Buf, Gemm, Launch
+from knopt.cuda.planner import Plan, build_plan
+from knopt.cuda.steps import Buf, Gemm, Launch, Step
 from knopt.errors import CudaError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
@@ -141,13 +141,25 @@ def _operands(p: ProgramBuilder, case: Case, dtype: DType) -> tuple[int, int, in
     return q, p.input("k", (b, h, t, d), dtype), p.input("v", (b, h, t, e), dtype)
 
 
-def attention_program(case: Case, mask: np.ndarray, dtype: DType | None = None) -> Program:
-    """One Attention op over `case`'s layouts, computing in `dtype` (default: the case's)."""
+def attention_program(
+    case: Case, mask: np.ndarray, dtype: DType | None = None, *, merged: bool = False
+) -> Program:
+    """One Attention op over `case`'s layouts, computing in `dtype` (default: the case's).
+
+    Args:
+        merged: Merge the heads back as transformers do: the output permuted to
+            [b, s, h, e], reshaped to [b, s, h * e] and negated (a kernel reads the reshape).
+    """
     dtype = dtype or case.dtype
     p = ProgramBuilder()
     q, k, v = _operands(p, case, dtype)
     bias = p.view(ops.Broadcast((*case.lead, case.s, case.t)), p.constant(mask.astype(dtype.numpy)))
     out = p.op(ops.Attention(1.0 / np.sqrt(case.d)), (q, k, v, bias))
+    if merged:
+        assert len(case.lead) == 2, case
+        out = p.view(ops.Permute((0, 2, 1, 3)), out)
+        out = p.view(ops.View((case.batch, case.s, case.heads * case.e)), out)
+        out = p.op(ops.UnaryOp(ops.Unary.NEG), (out,))
     return p.build([out])
 
 
@@ -203,6 +215,43 @@ def test_f32_and_odd_head_sizes_take_the_exact_kernel() -> None:
 def test_heads_beyond_256_materialize_the_scores() -> None:
     plan = build_plan(attention_program(Case(F16, 1, 2, 40, 40, 300, 300), np.zeros((1,) * 4)))
     assert sum(isinstance(step, Gemm) for step in plan.steps) == 2
+
+
+# The fused kernels (tensor cores, and the exact kernel in f32 and at odd head sizes).
+MERGED_CASES = [
+    Case(F16, 2, 12, 70, 70, 64, 64, "export", "padding"),
+    Case(F32, 2, 3, 70, 50, 64, 64, "export", "padding"),
+    Case(F16, 2, 3, 70, 70, 20, 20, "fused_qkv", "none"),
+]
+
+
+def _merged_steps(case: Case) -> tuple[Plan, list[Step]]:
+    plan = build_plan(attention_program(case, _mask(case, np.random.default_rng(0)), merged=True))
+    return plan, [s for s in plan.steps if isinstance(s, Launch | Gemm)]
+
+
+@pytest.mark.parametrize("case", MERGED_CASES, ids=str)
+def test_fused_kernels_write_merged_heads_in_place(case: Case) -> None:
+    plan, steps = _merged_steps(case)
+    kernel, negate = steps  # no copy between them: the reshape is a view
+    assert isinstance(kernel, Launch) and kernel.name.startswith("kn_attention")
+    assert isinstance(negate, Launch) and negate.name.startswith("kn_elementwise")
+    out = plan.tensors[kernel.args[0].tensor]  # type: ignore[union-attr]
+    b, h, s, e = case.batch, case.heads, case.s, case.e
+    assert out.shape == (b, h, s, e) and out.layout.strides == (s * h * e, e, h * e, 1)
+    read = plan.tensors[negate.args[1].tensor]  # type: ignore[union-attr]
+    assert read.buffer == out.buffer and read.layout.is_contiguous
+
+
+def test_unfused_attention_keeps_its_output_dense() -> None:
+    case = Case(F16, 1, 2, 40, 40, 300, 300, "export")
+    plan, steps = _merged_steps(case)
+    first, second, *_, copy, negate = steps
+    assert isinstance(first, Gemm) and isinstance(second, Launch)  # scores, softmax
+    assert isinstance(copy, Launch) and isinstance(negate, Launch)
+    # The copy reads [1, 40, 2, 300] permuted from the dense [1, 2, 40, 300] the GEMM wrote.
+    read = plan.tensors[copy.args[1].tensor]  # type: ignore[union-attr]
+    assert read.layout.strides == (0, 300, 40 * 300, 1)
 
 
 def test_a_zero_bias_is_never_read() -> None:
@@ -428,16 +477,22 @@ def _assert_close(actual: np.ndarray, expected: np.ndarray, bound: float, what: 
     )
 
 
-def check_case(case: Case, rng: np.random.Generator) -> Executable:
-    """Run `case` on the GPU against the CPU oracle; the executable that ran it."""
+def check_case(case: Case, rng: np.random.Generator, *, merged: bool = False) -> Executable:
+    """Run `case` on the GPU against the CPU oracle; the executable that ran it.
+
+    Args:
+        merged: Run `attention_program`'s merged form.
+    """
     from knopt.cuda import prepare
 
     mask = _mask(case, rng)
-    program = attention_program(case, mask)
+    program = attention_program(case, mask, merged=merged)
     feeds = _feeds(program, case.dtype, rng)
     # The oracle computes in f32 on the same (rounded) values: what the kernels aim at.
     (expected,) = run_program(
-        attention_program(case, mask.astype(case.dtype.numpy).astype(np.float32), F32),
+        attention_program(
+            case, mask.astype(case.dtype.numpy).astype(np.float32), F32, merged=merged
+        ),
         {name: x.astype(np.float32) for name, x in feeds.items()},
     )
     executable = prepare(program)
@@ -465,6 +520,12 @@ def test_decoding_against_a_cache_matches_the_cpu(case: Case, rng: np.random.Gen
 @pytest.mark.parametrize("case", SPECIAL_CASES, ids=str)
 def test_layouts_heads_and_masked_rows_match_the_cpu(case: Case, rng: np.random.Generator) -> None:
     check_case(case, rng)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", MERGED_CASES, ids=str)
+def test_merged_heads_written_in_place_match_the_cpu(case: Case, rng: np.random.Generator) -> None:
+    check_case(case, rng, merged=True)
 
 
 @pytest.mark.cuda

@@ -73,6 +73,17 @@ def test_a_causal_mask_is_cudnns_not_a_bias(mask: str) -> None:
     assert step.causal and step.bias is None and step.bias_view is None
 
 
+def test_merged_heads_are_the_output_view_cudnn_writes() -> None:
+    case = Case(F16, 4, 12, 128, 128, 64, 64, "fused_qkv", "padding")
+    plan = build_plan(attention_program(case, _mask(case, np.random.default_rng(0)), merged=True))
+    step, negate = (s for s in plan.steps if isinstance(s, Sdpa | Launch))
+    assert isinstance(step, Sdpa) and isinstance(negate, Launch)
+    # [b, h, s, e] written as [b, s, h * e]: the reshape after it reads it in place.
+    assert step.out_view == AttentionView((4, 12, 128, 64), (128 * 768, 64, 768, 1))
+    read = plan.tensors[negate.args[1].tensor]  # type: ignore[union-attr]
+    assert read.buffer == plan.tensors[step.out].buffer and read.layout.is_contiguous
+
+
 def test_grouped_queries_give_k_and_v_fewer_heads() -> None:
     step = _sdpa(Case(F16, 2, 16, 128, 128, 128, 128, "gqa", "causal"))
     q_heads = step.q_view.dims[0] * step.q_view.dims[1]
@@ -280,6 +291,23 @@ def test_transformer_attention_runs_in_cudnn_and_matches_the_cpu(
     lines = _sdpa_lines(executable.describe())
     declined = executable.dnn.declined if executable.dnn is not None else {}
     assert lines and all(line.endswith("[fused]") for line in lines), (lines, declined)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(F16, 8, 12, 128, 128, 64, 64, "fused_qkv", "padding"),
+        Case(BF16, 2, 12, 431, 431, 64, 64, "export", "causal"),
+    ],
+    ids=str,
+)
+def test_merged_heads_written_in_place_by_cudnn_match_the_cpu(
+    case: Case, rng: np.random.Generator
+) -> None:
+    executable = check_case(case, rng, merged=True)
+    lines = _sdpa_lines(executable.describe())
+    assert lines and all(line.endswith("[fused]") for line in lines), lines
 
 
 @pytest.mark.cuda

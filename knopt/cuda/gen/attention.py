@@ -310,14 +310,20 @@ def emit_attention(ctx: LoweringContext, kernel: Kernel) -> None:
     layouts = (*(ctx.layout(x) for x in (q, k, v, bias)), out.layout)
     geometry = geometry_of(layouts)
     dtype = ctx.dtype(q)
-    if geometry is None or geometry.t == 0 or geometry.d == 0:
+    if geometry is None or not is_fused(dtype, geometry.t, geometry.d, geometry.e):
         _emit_unfused(ctx, kernel, op.scale)
     elif dtype in MMA_DTYPES and _mma_heads(geometry):
         _emit_mma(ctx, kernel, op.scale, geometry)
-    elif dtype in EXACT_DTYPES and max(geometry.d, geometry.e) <= MAX_HEAD:
-        ctx.emit(_exact_launch(ctx, kernel, op.scale, geometry))
     else:
-        _emit_unfused(ctx, kernel, op.scale)
+        ctx.emit(_exact_launch(ctx, kernel, op.scale, geometry))
+
+
+def is_fused(dtype: DType, t: int, d: int, e: int) -> bool:
+    """Whether an attention runs as one kernel (or cuDNN's SDPA), not as GEMM, softmax, GEMM.
+
+    Fused kernels write `out` through whatever strides it has; the unfused GEMMs write it dense.
+    """
+    return t > 0 and d > 0 and dtype in EXACT_DTYPES and max(d, e) <= MAX_HEAD
 
 
 def _mma_heads(g: Geometry) -> bool:
