@@ -361,16 +361,16 @@ def knopt_profile(executable: Any, feeds: dict[str, Any]) -> dict[str, Any]:
     """Each step of knopt's program run eagerly between CUDA events, grouped by kind."""
     from knopt.cuda.steps import Gemm, Launch, Sdpa
 
-    bound = executable._bind(feeds)
+    bound, _held = executable._bind(feeds)  # the GPU feeds stay alive while the calls run
     calls = executable._enqueuers(bound)
     labels = []  # one per call, in the order the executor makes them
     for index, step in enumerate(executable.plan.steps):
         if isinstance(step, Launch):
             labels.append(step.name.split("_")[1])
             continue
-        library = executable.library[index]
+        library = executable.library[index][0]  # (plan or None, its tensor ids)
         if isinstance(step, Sdpa):
-            cudnn = library[0] is not None
+            cudnn = library is not None
             labels.append("sdpa cudnn" if cudnn else "attention direct")
             labels += ["sdpa nan rows"] if cudnn and step.fixup is not None else []
             continue
