@@ -2,8 +2,7 @@
 // bias row is all -inf (a softmax over no keys), as the CPU oracle and knopt's own attention
 // kernels give; cuDNN writes 0 there. One warp a row of the bias, whose broadcast axes have
 // size 1: a row that hides every key writes NaN over each output row it is broadcast to.
-extern "C" __global__ void __launch_bounds__(@THREADS@)
-    @NAME@(const @T@* __restrict__ bias, @T@* __restrict__ out) {
+extern "C" __global__ void __launch_bounds__(@THREADS@) @NAME@(const @T@* __restrict__ bias, @T@* __restrict__ out) {
   KN_PDL_BEGIN();
   const long long row = ((long long)blockIdx.x * @THREADS@ + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;

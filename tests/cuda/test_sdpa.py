@@ -239,6 +239,10 @@ def test_a_declined_graph_runs_knopts_kernel_in_its_place(
         kernel = executable.launches[step.direct][0].name
         assert any(name == kernel for name, _, _ in gpu.launches) == declines
         assert ("[direct]" in executable.describe()) == declines
+        # The NaN rows follow cuDNN's call only: knopt's kernel writes them itself.
+        assert step.fixup is not None
+        fixup = executable.launches[step.fixup][0].name
+        assert any(name == fixup for name, _, _ in gpu.launches) != declines
 
 
 # ---- on the GPU ----------------------------------------------------------------------------------
