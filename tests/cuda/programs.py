@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 
 import numpy as np
+import pytest
 
 from knopt.cpu.program import run_program
+from knopt.errors import CudaError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph
@@ -142,3 +145,15 @@ def compare(
 def compare_graph(graph: Graph, feeds: Mapping[str, np.ndarray], **kwargs: object) -> None:
     """`compare` on the unfused program of a graph with static sizes."""
     compare(program_from_graph(graph), feeds, **kwargs)  # type: ignore[arg-type]
+
+
+def loaded_nvrtc() -> ModuleType:
+    """knopt's NVRTC module once NVRTC loads; else the test skips, saying why (no GPU needed)."""
+    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
+    from knopt.cuda import nvrtc
+
+    try:
+        nvrtc.version()
+    except (CudaError, RuntimeError) as err:
+        pytest.skip(f"NVRTC cannot load: {err}")
+    return nvrtc

@@ -20,11 +20,10 @@ from knopt.cpu.program import run_program
 from knopt.cuda.gen import attention
 from knopt.cuda.planner import Plan, build_plan
 from knopt.cuda.steps import Buf, Gemm, Launch, Step
-from knopt.errors import CudaError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.program import Program
-from tests.cuda.programs import ProgramBuilder, random_array
+from tests.cuda.programs import ProgramBuilder, loaded_nvrtc, random_array
 
 if TYPE_CHECKING:
     from knopt.cuda.executor import Executable
@@ -343,13 +342,7 @@ VARIANT_HEADS = (32, 40, 64, 80, 128, 256)  # 40: a head size padded to whole 16
 
 
 def _nvrtc() -> ModuleType:
-    pytest.importorskip("cuda.bindings.nvrtc", reason="NVRTC (cuda-bindings) is not installed")
-    from knopt.cuda import nvrtc
-
-    try:
-        nvrtc.version()
-    except (CudaError, RuntimeError) as err:
-        pytest.skip(f"NVRTC cannot load: {err}")
+    nvrtc = loaded_nvrtc()
     if not nvrtc.include_dirs():
         pytest.skip("no CUDA headers for NVRTC")
     return nvrtc

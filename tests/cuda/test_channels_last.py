@@ -14,7 +14,7 @@ from knopt.ir import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.graph import Graph
 from knopt.ir.program import Program, program_from_graph
-from tests.cuda.programs import compare, random_array
+from tests.cuda.programs import compare, loaded_nvrtc, random_array
 
 
 def _graph(rng: np.random.Generator, *, channels: int = 16, convs: int = 2) -> Graph:
@@ -53,8 +53,7 @@ def test_a_region_of_convolutions_is_stored_channels_last(rng: np.random.Generat
 
 
 def test_the_kernels_of_a_region_compile(rng: np.random.Generator) -> None:
-    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
-    from knopt.cuda import nvrtc
+    nvrtc = loaded_nvrtc()
 
     plan = _half_plan(program_from_graph(_graph(rng)))
     launches = {s.name: s for s in plan.steps if isinstance(s, Launch)}

@@ -23,9 +23,10 @@ from knopt.cuda.generic import (
 from knopt.cuda.planner import build_plan
 from knopt.cuda.precision import narrow_dtype, narrow_program
 from knopt.cuda.steps import Launch, kernel_launches
-from knopt.errors import CodegenError, CudaError
+from knopt.errors import CodegenError
 from knopt.ir.bind import bind_program
 from knopt.ir.program import Program, program_from_graph
+from tests.cuda.programs import loaded_nvrtc
 from tests.models import MODELS
 
 DECODERS = MODELS.parent / "decoder"
@@ -167,20 +168,9 @@ def test_templates_give_back_every_fixture_kernel(name: str, precision: str) -> 
     assert any(t.lifted for t in library.made), "no literal depends on the sizes"
 
 
-def _nvrtc():
-    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
-    from knopt.cuda import nvrtc
-
-    try:
-        nvrtc.version()
-    except (CudaError, RuntimeError) as err:
-        pytest.skip(f"NVRTC cannot load: {err}")
-    return nvrtc
-
-
 @pytest.mark.parametrize("precision", ["f32", "fp16"])
 def test_every_fixture_template_compiles_for_sm90(precision: str, tmp_path, monkeypatch) -> None:
-    nvrtc = _nvrtc()
+    nvrtc = loaded_nvrtc()
     monkeypatch.setenv("KNOPT_CACHE_DIR", str(tmp_path))
     library = KernelLibrary()
     for name in [*SYMBOLIC, "llama_kv_ts17.onnx"]:

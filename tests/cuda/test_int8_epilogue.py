@@ -14,8 +14,9 @@ from knopt.cuda.int8_epilogue import (
     launch_prologue,
     prologue_source,
 )
-from knopt.errors import CodegenError, CudaError
+from knopt.errors import CodegenError
 from knopt.ir.dtype import DType
+from tests.cuda.programs import loaded_nvrtc
 from tests.cuda.quant import Device
 
 EPILOGUES = [
@@ -28,13 +29,7 @@ EPILOGUES = [
 
 
 def test_int8_epilogues_and_prologue_compile_for_sm_90(tmp_path, monkeypatch) -> None:
-    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
-    from knopt.cuda import nvrtc
-
-    try:
-        nvrtc.version()
-    except (CudaError, RuntimeError) as err:
-        pytest.skip(f"NVRTC cannot load: {err}")
+    nvrtc = loaded_nvrtc()
     monkeypatch.setenv("KNOPT_CACHE_DIR", str(tmp_path))
     source = "\n".join([prologue_source(), *(e.source() for e in EPILOGUES)])
     cubin = nvrtc.compile_cubin(source, "sm_90")

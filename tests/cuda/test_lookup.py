@@ -19,12 +19,11 @@ from knopt.cuda.layout import Layout
 from knopt.cuda.planner import build_plan
 from knopt.cuda.precision import narrow_dtype, narrow_program
 from knopt.cuda.steps import Launch
-from knopt.errors import CudaError
 from knopt.ir import bind_symbols
 from knopt.ir.dtype import DType
 from knopt.ir.op import Binary, Unary
 from knopt.ir.program import BinaryE, CastE, ClampE, Expr, Load, Program, UnaryE, WhereE
-from tests.cuda.programs import compare
+from tests.cuda.programs import compare, loaded_nvrtc
 from tests.rules.test_quantize import I8, U8, Model
 
 SHAPE = (6, 40)
@@ -141,13 +140,7 @@ def test_a_quantized_gelu_layer_plans_a_table_that_compiles(
     monkeypatch.setenv("KNOPT_CACHE_DIR", str(tmp_path))
     launches = _launches(_program(rng, I8), precision)
     assert any("lut[" in s.source for s in launches)
-    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
-    from knopt.cuda import nvrtc
-
-    try:
-        nvrtc.version()
-    except (CudaError, RuntimeError) as err:
-        pytest.skip(f"NVRTC cannot load: {err}")
+    nvrtc = loaded_nvrtc()
     sources = {s.name: s.source for s in launches}
     cubin = nvrtc.compile_cubin('#include "common.cuh"\n' + "\n".join(sources.values()), "sm_90")
     for name in sources:

@@ -11,17 +11,12 @@ from knopt.cuda.planner import build_plan
 from knopt.cuda.steps import Conv, Launch, Sdpa
 from knopt.errors import CudaError
 from knopt.ir.program import program_from_graph
+from tests.cuda.programs import loaded_nvrtc
 from tests.models import fixtures
 
 
 def _nvrtc():
-    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
-    from knopt.cuda import nvrtc
-
-    try:
-        nvrtc.version()
-    except (CudaError, RuntimeError) as err:
-        pytest.skip(f"NVRTC cannot load: {err}")
+    nvrtc = loaded_nvrtc()
     if not nvrtc.include_dirs():
         pytest.skip("no CUDA headers for NVRTC")
     return nvrtc

@@ -31,12 +31,11 @@ from knopt.cuda.precision import (
     unscaled_sums,
 )
 from knopt.cuda.steps import Gemm, Launch
-from knopt.errors import CudaError
 from knopt.ir import bind_symbols, infer_sizes
 from knopt.ir.dtype import DType
 from knopt.ir.op import TensorType
 from knopt.ir.program import Acc, CastE, Program
-from tests.cuda.programs import compare
+from tests.cuda.programs import compare, loaded_nvrtc
 from tests.cuda.quant import random_nbits
 from tests.models import Fixture
 from tests.onnx.test_quantized_fixtures import OPTIMIZED
@@ -91,13 +90,7 @@ def _steps(program: Program, precision: str) -> list[object]:
 
 
 def _compile_launches(steps: list[object]) -> None:
-    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
-    from knopt.cuda import nvrtc
-
-    try:
-        nvrtc.version()
-    except (CudaError, RuntimeError) as err:
-        pytest.skip(f"NVRTC cannot load: {err}")
+    nvrtc = loaded_nvrtc()
     sources = {s.name: s.source for s in steps if isinstance(s, Launch)}
     cubin = nvrtc.compile_cubin('#include "common.cuh"\n' + "\n".join(sources.values()), "sm_90")
     for name in sources:

@@ -14,13 +14,12 @@ from knopt.cuda.planner import build_plan
 from knopt.cuda.precision import narrow_dtype, narrow_program
 from knopt.cuda.resident import ResidentPlan, ResidentSlot
 from knopt.cuda.steps import Buf, Launch, kernel_launches
-from knopt.errors import CudaError
 from knopt.ir import op as ops
 from knopt.ir.bind import bind_program
 from knopt.ir.dtype import DType
 from knopt.ir.program import Load, Program
 from knopt.ir.shape import Sym, sym
-from tests.cuda.programs import ProgramBuilder, compare, random_feeds
+from tests.cuda.programs import ProgramBuilder, compare, loaded_nvrtc, random_feeds
 
 HEADS, HEAD = 4, 8
 
@@ -68,13 +67,7 @@ def test_one_rope_template_serves_every_size_and_compiles(
         template, instance = library.template(rope)
         assert template.instance_source(instance) == generic_source(rope)
     assert len(library.made) == 1 and library.made[0].lifted
-    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
-    from knopt.cuda import nvrtc
-
-    try:
-        nvrtc.version()
-    except (CudaError, RuntimeError) as err:
-        pytest.skip(f"NVRTC cannot load: {err}")
+    nvrtc = loaded_nvrtc()
     monkeypatch.setenv("KNOPT_CACHE_DIR", str(tmp_path))
     source = '#include "common.cuh"\n' + library.made[0].source
     assert nvrtc.compile_cubin(source, "sm_90")[:4] == b"\x7fELF"

@@ -20,12 +20,11 @@ from knopt.cuda.gen.rowwise import (
 )
 from knopt.cuda.planner import build_plan
 from knopt.cuda.steps import Launch
-from knopt.errors import CudaError
 from knopt.ir import op as ops
 from knopt.ir.dtype import DType
 from knopt.ir.op import Binary, Unary
 from knopt.ir.program import Acc, BinaryE, Load, Program, UnaryE
-from tests.cuda.programs import ProgramBuilder, compare, random_feeds
+from tests.cuda.programs import ProgramBuilder, compare, loaded_nvrtc, random_feeds
 
 F32 = DType.F32
 LENGTHS = [33, 768, 5000, 20000]  # one warp; 64 threads; cached at 512; 1024, not cached
@@ -87,13 +86,7 @@ def _program(kind: str, rows: int, length: int) -> Program:
 @pytest.mark.parametrize("kind", ["softmax", "layer_norm", "rms_norm"])
 def test_rowwise_kernels_with_row_invariant_reads_compile(kind: str, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("KNOPT_CACHE_DIR", str(tmp_path))
-    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
-    from knopt.cuda import nvrtc
-
-    try:
-        nvrtc.version()
-    except (CudaError, RuntimeError) as err:
-        pytest.skip(f"NVRTC cannot load: {err}")
+    nvrtc = loaded_nvrtc()
     sources = {}
     for rows, length in CASES:
         steps = build_plan(_program(kind, rows, length)).steps

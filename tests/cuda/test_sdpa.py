@@ -25,6 +25,7 @@ from knopt.cuda.steps import (
 )
 from knopt.ir.dtype import DType
 from tests.cuda.fake_gpu import FakeLibraryPlan, fake_gpu
+from tests.cuda.programs import loaded_nvrtc
 from tests.cuda.test_attention import Case, _mask, attention_program, check_case
 
 F16, BF16, F32 = DType.F16, DType.BF16, DType.F32
@@ -170,14 +171,7 @@ def test_only_a_bias_can_hide_every_key_of_a_row() -> None:
 
 def test_the_nan_rows_kernel_compiles(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("KNOPT_CACHE_DIR", str(tmp_path))
-    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
-    from knopt.cuda import nvrtc
-    from knopt.errors import CudaError
-
-    try:
-        nvrtc.version()
-    except (CudaError, RuntimeError) as err:
-        pytest.skip(f"NVRTC cannot load: {err}")
+    nvrtc = loaded_nvrtc()
     fixups = {}
     for case in (
         Case(F16, 2, 3, 64, 64, 64, 64, "dense", "masked_rows"),

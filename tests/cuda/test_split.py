@@ -12,6 +12,7 @@ from knopt.errors import KnoptError
 from knopt.ir.builder import GraphBuilder
 from knopt.ir.dtype import DType
 from knopt.ir.program import Program, program_from_graph
+from tests.cuda.programs import loaded_nvrtc
 
 LOW_BITS = np.uint32(0x1FFF)  # the 13 mantissa bits TF32 drops
 
@@ -172,8 +173,7 @@ def test_computed_operands_are_split_by_a_kernel_that_compiles(
     assert len(launches) == 2 and gemm.batch == 4
     assert (gemm.a.rows, gemm.a.cols, gemm.a.batch_stride) == (96, 96, 96 * 96)
     assert (gemm.b.rows, gemm.b.cols, gemm.b.batch_stride) == (96, 80, 96 * 80)
-    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
-    from knopt.cuda import nvrtc
+    nvrtc = loaded_nvrtc()
 
     source = '#include "common.cuh"\n' + "\n".join(launch.source for launch in launches)
     assert nvrtc.compile_cubin(source, "sm_90")

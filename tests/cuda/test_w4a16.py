@@ -30,22 +30,12 @@ from knopt.cuda.w4a16 import (
     StreamConfig,
     W4A16Operands,
 )
-from knopt.errors import CodegenError, CudaError
+from knopt.errors import CodegenError
 from knopt.ir.dtype import DType
+from tests.cuda.programs import loaded_nvrtc
 from tests.cuda.quant import NUMPY, Device, random_nbits
 
 SMS = 132  # an H200's multiprocessors
-
-
-def _nvrtc():
-    pytest.importorskip("cuda.bindings.nvrtc", reason="needs cuda-python's NVRTC")
-    from knopt.cuda import nvrtc
-
-    try:
-        nvrtc.version()
-    except (CudaError, RuntimeError) as err:
-        pytest.skip(f"NVRTC cannot load: {err}")
-    return nvrtc
 
 
 def test_w4a16_kernels_compile_for_sm_90(tmp_path, monkeypatch) -> None:
@@ -55,7 +45,7 @@ def test_w4a16_kernels_compile_for_sm_90(tmp_path, monkeypatch) -> None:
     # value of each knob in one format or another), and the dequantizer. (The other configs
     # differ from these only in template numbers.) Stream GEMVs with K split over warps and
     # with activations loaded ahead come beside each format's first.
-    nvrtc = _nvrtc()
+    nvrtc = loaded_nvrtc()
     monkeypatch.setenv("KNOPT_CACHE_DIR", str(tmp_path))
     gemm = (GemmConfig(16, 4, split=2), GemmConfig(64, 2))
     stream = (
