@@ -8,7 +8,10 @@ batch and sequence axes, then compiled once with `dims={"batch": (1, 8, 64), "se
 512)}`. For each size, in a seeded random order after the profile's opt size:
 
 - knopt first: wall milliseconds of the first run at that size (plan, library plans, eager
-  run, CUDA graph capture; kernels compiled only for sizes of a new kind);
+  run; kernels compiled only for sizes of a new kind). cuDNN's attention plans of a size after
+  the first are built in a helper process meanwhile (the attention runs knopt's kernel until
+  they are in): "all plans in" is when `Session.wait_for_plans` saw them all, from the first
+  run's start. Steady latency is timed after that;
 - knopt steady: median wall milliseconds of a run (GPU inputs through DLPack, results left on
   the GPU), and the same for knopt's fixed-size program: the same optimized program bound to
   the size with every literal a compile-time constant (what a program made for one size runs);
@@ -25,7 +28,10 @@ the header says which. Needs a CUDA GPU, torch and transformers.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import random
 import statistics
 import sys
@@ -106,12 +112,27 @@ def steady_ms(run: Callable[[], Any], synchronize: Callable[[], None], repeat: i
     return statistics.median(wall_ms(run, synchronize) for _ in range(repeat))
 
 
+def _profiled_ms(run: Callable[[], Any], synchronize: Callable[[], None]) -> float:
+    """`wall_ms` under cProfile; prints the calls that took the most time, callees included."""
+    profile = cProfile.Profile()
+    profile.enable()
+    elapsed = wall_ms(run, synchronize)
+    profile.disable()
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(18)
+    print(out.getvalue().split("\n\n", 1)[-1].strip())
+    return elapsed
+
+
 def main() -> None:
     """Run the comparison and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 sizes, 10 timed runs each")
     parser.add_argument("--layers", type=int, default=12, help="encoder layers (BERT-base: 12)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument(
+        "--profile", action="store_true", help="print where each first run's time goes (cProfile)"
+    )
     args = parser.parse_args()
     import torch
 
@@ -142,10 +163,17 @@ def main() -> None:
         def knopt_run(feeds: dict[str, Any] = feeds) -> Any:
             return session.run(None, feeds, device_outputs=True)
 
-        row["first_ms"] = wall_ms(knopt_run, sync)
+        began = time.perf_counter()
+        if args.profile and index:
+            row["first_ms"] = _profiled_ms(knopt_run, sync)
+        else:
+            row["first_ms"] = wall_ms(knopt_run, sync)
+        session.wait_for_plans()  # cuDNN's attention plans built in the background
+        row["ready_ms"] = (time.perf_counter() - began) * 1e3
         row["steady_ms"] = steady_ms(knopt_run, sync, repeat)
         ours = torch.as_tensor(knopt_run()[0], device=device).float()
         executable = fixed.executable(bind_program(result.program, {"batch": batch, "seq": seq}))
+        fixed.wait_for_plans()
 
         def fixed_run(feeds: dict[str, Any] = feeds, executable: Any = executable) -> Any:
             return executable.run(feeds, device_outputs=True)
@@ -180,7 +208,8 @@ def _line(row: dict[str, Any], index: int) -> str:
     )
     return (
         f"{index:3d} {row['batch']:4d} x {row['seq']:4d} | knopt first {row['first_ms']:8.1f} ms"
-        f" steady {row['steady_ms']:7.3f} | fixed {row['fixed_ms']:7.3f} ({row['ratio']:.3f}x)"
+        f" (all plans in {row['ready_ms']:7.1f} ms) steady {row['steady_ms']:7.3f}"
+        f" | fixed {row['fixed_ms']:7.3f} ({row['ratio']:.3f}x)"
         f" | eager {row['eager_ms']:7.3f} | compile {compile_part}"
         f" | max err vs fixed {row['err_fixed']:.2e}, vs torch {row['err_torch']:.2e}"
     )

@@ -221,6 +221,22 @@ class Session:
         """What the optimizer made of the model (made on first use), or None without it."""
         return self._optimize(self.graph) if self.optimize else None
 
+    def wait_for_plans(self, timeout: float | None = None) -> bool:
+        """Wait for what a new size left to build in the background, then runs use it.
+
+        On "cuda", cuDNN's attention plans for a size after the first are built in a helper
+        process while that size runs knopt's own attention kernel (so a new size costs
+        milliseconds, not cuDNN's compile); the first run after they arrive switches to them.
+        Call this before timing steady latency.
+
+        Args:
+            timeout: Seconds to wait at most; None waits as long as it takes.
+
+        Returns:
+            Whether nothing is still being built (always True on the CPU).
+        """
+        return self._cuda.wait_for_plans(timeout) if self._cuda is not None else True
+
     def reset(self) -> None:
         """Forget the resident caches: the next run starts from empty ones."""
         if self._host_caches is not None:

@@ -348,12 +348,20 @@ class Dnn:
         self.declined[step] = f"{_describe(conv_key(step, False))} " + "; ".join(reasons)
         return None
 
-    def _plan_attention(self, step: Sdpa) -> SdpaPlan | None:
+    def _plan_attention(self, step: Sdpa, blob: bytes | None = None) -> SdpaPlan | None:
         try:
-            return SdpaPlan(self.handle, step)
+            return SdpaPlan(self.handle, step, blob)
         except Exception as err:  # cuDNN reports unsupported graphs by exceptions
             self.declined[step] = f"{describe_step(step)}: {err}"
             return None
+
+    def load_attention(self, step: Sdpa, blob: bytes) -> SdpaPlan | None:
+        """The attention plan of `step` from the bytes the helper process serialized.
+
+        Returns:
+            None if the plan cannot be loaded here (`declined` says why).
+        """
+        return self._plan_attention(step, blob)
 
     def plan_key(self, key: ConvKey) -> ConvPlan | None:
         """The plan of `key` with its engine chosen, or None if cuDNN cannot serve it."""

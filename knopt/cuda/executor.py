@@ -9,6 +9,11 @@ the arena, the outputs and the library workspace, which grow to the largest plan
 addresses launches eagerly; the second captures the launch list into a CUDA graph and replays
 it, and every later one replays it. A first run (a size seen once) so costs no capture.
 
+cuDNN's attention compiles a kernel per shape. The runtime builds those its first plan needs;
+a later plan's new shapes are built in a helper process (`knopt.cuda.sdpa_worker`) while its
+attentions run knopt's own kernel, and a run that finds a plan built takes it (loads the bytes,
+captures again). `Runtime.wait_for_plans` waits for the plans on their way.
+
 Inputs come as numpy arrays (copied into the plan's input buffers) or as GPU arrays through
 DLPack or the CUDA array interface, used in place: a graph is captured for each set of their
 addresses run twice (a few captures are kept), and again when a pool has grown. Results are numpy
@@ -24,6 +29,7 @@ run waits for what those consumers queued before overwriting the results (`Resul
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +43,7 @@ from knopt.cuda import nvrtc
 from knopt.cuda.driver import DEFAULT_SHARED_LIMIT, Gpu
 from knopt.cuda.generic import KernelLibrary, Template
 from knopt.cuda.planner import Plan
+from knopt.cuda.sdpa_worker import PlanBuilder, graph_spec, worker_enabled
 from knopt.cuda.steps import Buf, Conv, Gemm, Launch, Sdpa, describe_step, kernel_launches
 from knopt.errors import CudaError, InputError, ResultError
 from knopt.ir.shape import format_shape
@@ -281,6 +288,9 @@ class Runtime:
         self.blas: Blas | None = None  # made when a plan first calls cuBLASLt
         self.dnn: Dnn | None = None  # made when a plan first calls cuDNN
         self._library_plans: dict[Gemm | Conv | Sdpa, Any] = {}
+        self.executables = 0  # made so far: the first one's attention plans are built here
+        self._builder: PlanBuilder | None = None  # the helper process, started on first need
+        self._pending: dict[Sdpa, int] = {}  # attention plans being built there, by ticket
 
     # ---- kernels ----------------------------------------------------------------------------
 
@@ -331,17 +341,25 @@ class Runtime:
 
     # ---- library calls ---------------------------------------------------------------------
 
-    def library_plan(self, step: Gemm | Conv | Sdpa) -> tuple[Any, dict[int, int]]:
+    def library_plan(
+        self, step: Gemm | Conv | Sdpa, *, later: bool = False
+    ) -> tuple[Any, dict[int, int]]:
         """The cuBLASLt or cuDNN plan of a step's shape, and its tensors by the plan's ids.
 
         Plans are keyed by the call's shape and type, so equal calls of other tensors or other
         plans share one. The plan's tensor ids are 0, 1, ...; the map gives each the step's.
+        With `later`, a cuDNN attention plan not built yet, for a plan after the first, is
+        built in the helper process: None meanwhile (`pending` says it is on its way).
 
         Raises:
             CudaError: If the library fails (not when it merely declines to fuse).
         """
         canonical, ids = _canonical(step)
+        if isinstance(canonical, Sdpa) and self._collect(canonical):
+            return None, ids
         if canonical not in self._library_plans:
+            if later and isinstance(canonical, Sdpa) and self._build_later(canonical):
+                return None, ids
             self.stats.library_plans += 1
             if isinstance(canonical, Gemm):
                 if self.blas is None:
@@ -357,6 +375,64 @@ class Runtime:
                 self._library_plans[canonical] = self.dnn.plan(canonical)
         return self._library_plans[canonical], ids
 
+    def pending(self, step: Gemm | Conv | Sdpa) -> bool:
+        """Whether the step's plan is being built in the helper process (not back yet)."""
+        canonical, _ = _canonical(step)
+        return isinstance(canonical, Sdpa) and self._collect(canonical)
+
+    def wait_for_plans(self, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` seconds (None: as long as it takes) for the plans on their way.
+
+        Plans that arrive are kept; each executable takes its own at its next run.
+
+        Returns:
+            Whether none is still on its way.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for canonical in list(self._pending):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._collect(canonical, left)
+        return not self._pending
+
+    def _build_later(self, step: Sdpa) -> bool:
+        """Send an attention graph to the helper process; False: build it here instead."""
+        if not self.executables or not worker_enabled():
+            return False
+        if self._builder is None or self._builder.lost:
+            try:
+                self._builder = PlanBuilder(self.gpu.index)
+            except OSError:
+                return False
+        self._pending[step] = self._builder.submit(graph_spec(step))
+        return True
+
+    def _collect(self, step: Sdpa, timeout: float | None = 0.0) -> bool:
+        """Take the attention plan of `step` if the helper has sent it; whether still pending.
+
+        A plan that cannot be loaded here, or that the helper declined, leaves the step on
+        knopt's kernel; if the helper is gone, the plan is built here.
+        """
+        if step not in self._pending:
+            return False
+        assert self._builder is not None
+        found = self._builder.result(self._pending[step], timeout)
+        if found is None:
+            return True
+        del self._pending[step]
+        self.stats.library_plans += 1
+        if self.dnn is None:
+            from knopt.cuda.dnn import Dnn
+
+            self.dnn = Dnn(self.gpu)
+        if isinstance(found, bytes):
+            self._library_plans[step] = self.dnn.load_attention(step, found)
+        elif found.lost:
+            self._library_plans[step] = self.dnn.plan(step)
+        else:
+            self.dnn.declined[step] = f"{describe_step(step)}: {found.reason}"
+            self._library_plans[step] = None
+        return False
+
     # ---- memory ----------------------------------------------------------------------------
 
     def upload_weights(self, plan: Plan) -> None:
@@ -371,6 +447,10 @@ class Runtime:
 
     def close(self) -> None:
         """Free the memory the runtime holds (its plans' executables are closed first)."""
+        if self._builder is not None:
+            self._builder.close()
+            self._builder = None
+            self._pending.clear()
         self.guard.forget()
         for address in (self.weights, self.resident, *(p.address for p in self.pools.values())):
             if address:
@@ -479,20 +559,15 @@ class Executable:
         self.runtime.compile_new()
         self.runtime.allow_shared(self.launches)
         self.library = {
-            i: self.runtime.library_plan(s)
+            i: self.runtime.library_plan(s, later=True)
             for i, s in enumerate(plan.steps)
             if isinstance(s, Gemm | Conv | Sdpa)
         }
-        workspace = max([getattr(p, "workspace", 0) for p, _ in self.library.values() if p] + [0])
-        self.workspace_bytes = workspace
-        pools = self.runtime.pools
-        generations = self.runtime.generations()
-        self.runtime.guard.settle()  # a pool that grows frees the memory results are read from
-        pools["workspace"].reserve(workspace)
-        pools["arena"].reserve(plan.region_bytes.get("arena", 0))
-        pools["output"].reserve(plan.region_bytes.get("output", 0))
-        if self.runtime.generations() != generations:
-            self.runtime.guard.forget()  # the results handed out lived in the old pools
+        # Attentions whose cuDNN plan the helper process builds: knopt's kernel meanwhile.
+        self._pending = [
+            i for i, s in enumerate(plan.steps) if isinstance(s, Sdpa) and self.runtime.pending(s)
+        ]
+        self._reserve_pools()
         self.runtime.upload_weights(plan)
         self.inputs = self.gpu.allocate(plan.region_bytes.get("input", 0))
         for buffer_id, data in plan.constants.items():
@@ -504,6 +579,42 @@ class Executable:
         self._graphs: OrderedDict[tuple[Binding, tuple[int, ...]], Any] = OrderedDict()
         self._eager: OrderedDict[tuple[Binding, tuple[int, ...]], None] = OrderedDict()
         self._last: tuple[tuple[Binding, tuple[int, ...]], dict[int, int]] | None = None
+        self.runtime.executables += 1
+
+    def _reserve_pools(self) -> None:
+        """Make the runtime's pools hold this plan's arena, outputs and library workspace."""
+        library = [p for p, _ in self.library.values() if p is not None]
+        self.workspace_bytes = max([getattr(p, "workspace", 0) for p in library] + [0])
+        pools = self.runtime.pools
+        generations = self.runtime.generations()
+        self.runtime.guard.settle()  # a pool that grows frees the memory results are read from
+        pools["workspace"].reserve(self.workspace_bytes)
+        pools["arena"].reserve(self.plan.region_bytes.get("arena", 0))
+        pools["output"].reserve(self.plan.region_bytes.get("output", 0))
+        if self.runtime.generations() != generations:
+            self.runtime.guard.forget()  # the results handed out lived in the old pools
+
+    def _take_built_plans(self) -> None:
+        """Take the attention plans the helper process has built since the last run.
+
+        A plan taken changes the launch list: the CUDA graphs captured without it are dropped,
+        and the next runs run eagerly once and capture again.
+        """
+        taken = False
+        for index in list(self._pending):
+            step = self.plan.steps[index]
+            assert isinstance(step, Sdpa)
+            if self.runtime.pending(step):
+                continue
+            self._pending.remove(index)
+            self.library[index] = self.runtime.library_plan(step)
+            taken = taken or self.library[index][0] is not None
+        if taken:
+            self._reserve_pools()
+            for graph in self._graphs.values():
+                self.gpu.release_graph(graph)
+            self._graphs.clear()
+            self._eager.clear()
 
     @property
     def kernels(self) -> dict[str, Any]:
@@ -617,6 +728,8 @@ class Executable:
             InputError: If a feed is missing or of the wrong shape or dtype.
             CudaError: If a CUDA call fails.
         """
+        if self._pending:
+            self._take_built_plans()
         bound, external = self._bind(feeds)
         self.runtime.guard.begin_run()
         generations = self.runtime.generations()
@@ -763,6 +876,8 @@ class Executable:
                     if library is not None and library.fused
                     else (" [direct]" if library is None else " [plain + epilogue kernel]")
                 )
+                if index in self._pending:
+                    line += " (cuDNN's plan on its way)"
             lines.append(line)
         return "\n".join(lines)
 

@@ -409,6 +409,14 @@ class CudaRunner:
             self._states.move_to_end(source)
         return found
 
+    def wait_for_plans(self, timeout: float | None = None) -> bool:
+        """Wait for the library plans built in the background (`Runtime.wait_for_plans`).
+
+        Returns:
+            Whether none is still on its way.
+        """
+        return all([state.runtime.wait_for_plans(timeout) for state in list(self._states.values())])
+
     def executable(
         self, source: Graph | Program, sizes: Mapping[str, int] | None = None
     ) -> Executable:
