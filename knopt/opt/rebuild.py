@@ -2,8 +2,10 @@
 
 Folded classes (in `folds`, with every child folded too) are computed here on the CPU executor
 and become constants; views of folded values stay views, so a broadcast constant is never
-materialized at full size. Every node is re-typed by the IR's own `Op.infer`, and its type
-must equal what typing.egg said of its class: a mismatch means an unsound rule.
+materialized at full size, and an elementwise op (or a Gather of broadcast indices) over
+broadcast constants folds at their sources' size and is broadcast after. Every node is
+re-typed by the IR's own `Op.infer`, and its type must equal what typing.egg said of its
+class: a mismatch means an unsound rule.
 """
 
 from __future__ import annotations
@@ -160,10 +162,11 @@ class _Rebuilder:
         return b.apply(ops.Where(), parts)
 
     def _fold(self, op: ops.Op, inputs: list[Value]) -> Value:
-        arrays = [_constant_array(v) for v in inputs]
-        scratch = Node(op, tuple(inputs))
-        scratch.output = Value(op.infer([v.type for v in inputs], op.name), scratch)
-        return self.builder.constant(run_node(scratch, arrays))
+        narrow = _narrow_fold(op, inputs)
+        if narrow is not None:
+            small, shape = narrow
+            return self.builder.broadcast(self.builder.constant(small), shape)
+        return self.builder.constant(_evaluate(op, inputs, [v.type for v in inputs]))
 
     def _check_type(self, cls: int, node: ENode, value: Value) -> None:
         shape = self.data.shapes.get(cls)
@@ -176,6 +179,56 @@ class _Rebuilder:
                 f"e-class {cls}: its {node.op} node computes {value.type} but the class was "
                 f"typed {expected}; a rule that merged them is unsound"
             )
+
+
+def _evaluate(op: ops.Op, inputs: list[Value], types: list[TensorType]) -> np.ndarray:
+    """`op` run on the CPU executor over its constant inputs, each read as of `types`.
+
+    A type smaller than its input's value (the source of a broadcast) reads the value's
+    first element along each axis it lacks; the values there are all equal.
+    """
+    arrays = []
+    for value, kind in zip(inputs, types, strict=True):
+        array = _constant_array(value)
+        arrays.append(array[tuple(slice(0, n) for n in kind.shape)])
+    scratch = Node(op, tuple(inputs))
+    scratch.output = Value(op.infer(types, op.name), scratch)
+    return run_node(scratch, arrays)
+
+
+def _narrow_fold(op: ops.Op, inputs: list[Value]) -> tuple[np.ndarray, tuple[int, ...]] | None:
+    """Fold an op over broadcast constants at the size of what they broadcast, if smaller.
+
+    An elementwise op commutes with broadcasting: over broadcasts of constants it is the
+    broadcast of the op over their sources, at the shape that joins theirs. A Gather whose
+    indices are a broadcast is the broadcast of the Gather of their source. Returns the small
+    result and the shape to broadcast it to, or None where that is not smaller.
+    """
+    sources = [
+        v.producer.inputs[0] if isinstance(v.producer.op, ops.Broadcast) else v for v in inputs
+    ]
+    if type(op) in ops.ELEMENTWISE_OPS:
+        joint = tuple(max(sizes) for sizes in zip(*(v.type.shape for v in sources), strict=True))
+        types = [TensorType(joint, v.type.dtype) for v in inputs]
+    elif isinstance(op, ops.Gather):
+        types = [inputs[0].type, sources[1].type]
+    else:
+        return None
+    full = op.infer([v.type for v in inputs], op.name).shape
+    small = op.infer(types, op.name).shape
+    if _count(small) >= _count(full):
+        return None
+    return _evaluate(op, inputs, types), _sizes(full)
+
+
+def _sizes(shape: Sequence[Dim]) -> tuple[int, ...]:
+    """A folded value's shape (all numbers: only static values fold)."""
+    assert all(isinstance(n, int) for n in shape), shape
+    return tuple(int(n) for n in shape)  # type: ignore[arg-type]
+
+
+def _count(shape: Sequence[Dim]) -> int:
+    return int(np.prod(_sizes(shape), dtype=np.int64))
 
 
 def _constant_array(value: Value) -> np.ndarray:

@@ -191,6 +191,36 @@ def test_constant_product_larger_than_its_factors_is_not_folded(rng: np.random.G
     assert max(sizes) == 1025
 
 
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda g: g.mul(
+            g.broadcast(_constant(g, (1, 1, 6)), (4, 5, 6)),
+            g.broadcast(_constant(g, (1, 5, 1)), (4, 5, 6)),
+        ),
+        lambda g: g.add(
+            g.broadcast(_constant(g, (1, 5, 6)), (4, 5, 6)),
+            g.broadcast(g.unary(Unary.EXP, _constant(g, (1, 1, 1))), (4, 5, 6)),
+        ),
+        lambda g: g.gather(
+            _constant(g, (9, 6)),
+            g.broadcast(g.constant(np.array([[3, 0, 7, 3, 8]], np.int64)), (4, 5)),
+            axis=0,
+        ),
+    ],
+    ids=["row-times-column", "plus-a-scalar", "gather-of-broadcast-indices"],
+)
+def test_arithmetic_on_broadcast_constants_folds_at_their_size(
+    build: Callable[[GraphBuilder], Value], rng: np.random.Generator
+) -> None:
+    # What the broadcasts repeat folds (5 x 6 values), and the sum reads it broadcast over the
+    # batch: nothing of the batch's size is kept.
+    result = optimize_and_compare(lambda g: _plus_x(g, build(g)), rng)
+    sizes = [n.op.data.array.size for n in result.after.nodes if isinstance(n.op, ops.Constant)]
+    assert max(sizes) == 30
+    assert result.count("Broadcast") >= 1 and result.count("ADD") == 1
+
+
 def test_iota_of_a_symbolic_length_is_not_folded(rng: np.random.Generator) -> None:
     def build(g: GraphBuilder) -> Value:
         n = sym("n")
