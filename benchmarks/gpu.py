@@ -156,14 +156,18 @@ def _matmul_rate(dtype: torch.dtype) -> float:
     return 2 * 8192**3 / (_device_ms(lambda: a @ a, 10) * 1e-3)
 
 
-def _device_ms(call: Callable[[], Any], repeats: int) -> float:
+def _device_ms(call: Callable[[], Any], repeats: int, stream: Any = None) -> float:
+    """GPU milliseconds of `call`, between events on the stream it queues its work on.
+
+    `stream` None is torch's current stream.
+    """
     call()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    start.record(stream)
     for _ in range(repeats):
         call()
-    end.record()
+    end.record(stream)
     end.synchronize()
     return start.elapsed_time(end) / repeats
 
@@ -291,7 +295,8 @@ class Row:
         entry["ms"] = self._timed(
             lambda: executable.run(feeds, device_outputs=True), torch.cuda.synchronize
         )
-        entry["replay_ms"] = _device_ms(executable.replay, 20)
+        stream = torch.cuda.ExternalStream(executable.gpu.stream_handle)
+        entry["replay_ms"] = _device_ms(executable.replay, 20, stream)
         (out,) = executable.run(feeds, device_outputs=True)
         entry["error"] = relative_error(torch.as_tensor(out, device="cuda"), self.reference)
         if self.args.profile_kernels:
@@ -330,28 +335,31 @@ class Row:
 
 
 # tinygrad's CPU device (which it starts even when the model runs on CUDA) compiles small
-# helper programs with `clang --target=... - -o -`. Where there is no clang, gcc does for those,
-# through this wrapper: gcc takes neither --target nor an object file written to stdout.
-_CLANG_WRAPPER = """#!/bin/sh
-out=$(mktemp)
+# helper programs with `$CC --target=... - -o -` ($CC defaulting to clang). gcc takes neither
+# --target nor an object file written to stdout, so a gcc (no clang, or $CC naming one) gets
+# this wrapper in its place (COMPILER: the wrapped one).
+_GCC_WRAPPER = """#!/bin/sh
+cc='COMPILER'; out=$(mktemp)
 for a in "$@"; do shift; case "$a" in --target=*) ;; *) set -- "$@" "$a";; esac; done
 for a in "$@"; do shift; if [ "$prev" = "-o" ]; then set -- "$@" "$out"; else set -- "$@" "$a"; fi
 prev=$a; done
-gcc "$@" && cat "$out"; status=$?; rm -f "$out"; exit $status
+"$cc" "$@" && cat "$out"; status=$?; rm -f "$out"; exit $status
 """
 
 
 def _tinygrad_cpu_compiler() -> str:
-    """Which C compiler tinygrad's CPU device gets (clang, $CC, or gcc through a wrapper)."""
-    if "CC" in os.environ or shutil.which("clang"):
-        return os.environ.get("CC", "clang")
-    if not shutil.which("gcc"):
+    """Which C compiler tinygrad's CPU device gets (clang, or a gcc through a wrapper)."""
+    chosen = os.environ.get("CC") or shutil.which("clang") or shutil.which("gcc")
+    if chosen is None:
         return "none (tinygrad's CPU device will fail to start)"
+    if "clang" in Path(chosen).name:
+        os.environ["CC"] = chosen
+        return chosen
     wrapper = Path(tempfile.mkdtemp(prefix="knopt-cc-")) / "clang"
-    wrapper.write_text(_CLANG_WRAPPER)
+    wrapper.write_text(_GCC_WRAPPER.replace("COMPILER", chosen))
     wrapper.chmod(0o755)
     os.environ["CC"] = str(wrapper)
-    return "gcc (through a wrapper taking clang's arguments)"
+    return f"{chosen} (through a wrapper taking clang's arguments)"
 
 
 # ---- per-kernel profiles --------------------------------------------------------------------
