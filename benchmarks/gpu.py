@@ -304,6 +304,16 @@ class Row:
         return entry
 
     def _tinygrad(self) -> dict[str, Any]:
+        saved = os.environ.get("CC")
+        try:
+            return self._tinygrad_run()
+        finally:  # torch.compile's own builds must not get the wrapper
+            if saved is None:
+                os.environ.pop("CC", None)
+            else:
+                os.environ["CC"] = saved
+
+    def _tinygrad_run(self) -> dict[str, Any]:
         os.environ.setdefault("DEV", "CUDA")
         entry: dict[str, Any] = {"cpu_compiler": _tinygrad_cpu_compiler()}
         from tinygrad import Device, Tensor, TinyJit, dtypes
@@ -339,11 +349,13 @@ class Row:
 # --target nor an object file written to stdout, so a gcc (no clang, or $CC naming one) gets
 # this wrapper in its place (COMPILER: the wrapped one).
 _GCC_WRAPPER = """#!/bin/sh
-cc='COMPILER'; out=$(mktemp)
+cc='COMPILER'; out=$(mktemp); to_stdout=
 for a in "$@"; do shift; case "$a" in --target=*) ;; *) set -- "$@" "$a";; esac; done
-for a in "$@"; do shift; if [ "$prev" = "-o" ]; then set -- "$@" "$out"; else set -- "$@" "$a"; fi
-prev=$a; done
-"$cc" "$@" && cat "$out"; status=$?; rm -f "$out"; exit $status
+for a in "$@"; do shift
+if [ "$prev" = "-o" ] && [ "$a" = "-" ]; then set -- "$@" "$out"; to_stdout=1
+else set -- "$@" "$a"; fi; prev=$a; done
+"$cc" "$@"; status=$?
+if [ $status -eq 0 ] && [ -n "$to_stdout" ]; then cat "$out"; fi; rm -f "$out"; exit $status
 """
 
 
