@@ -43,7 +43,7 @@ from knopt.cuda import nvrtc
 from knopt.cuda.driver import DEFAULT_SHARED_LIMIT, Gpu
 from knopt.cuda.generic import KernelLibrary, Template
 from knopt.cuda.planner import Plan
-from knopt.cuda.sdpa_worker import PlanBuilder, graph_spec, worker_enabled
+from knopt.cuda.sdpa_worker import PlanBuilder, graph_spec, shared_builder, worker_enabled
 from knopt.cuda.steps import Buf, Conv, Gemm, Launch, Sdpa, describe_step, kernel_launches
 from knopt.errors import CudaError, InputError, ResultError
 from knopt.ir.shape import format_shape
@@ -289,8 +289,8 @@ class Runtime:
         self.dnn: Dnn | None = None  # made when a plan first calls cuDNN
         self._library_plans: dict[Gemm | Conv | Sdpa, Any] = {}
         self.executables = 0  # made so far: the first one's attention plans are built here
-        self._builder: PlanBuilder | None = None  # the helper process, started on first need
-        self._pending: dict[Sdpa, int] = {}  # attention plans being built there, by ticket
+        # Attention plans being built in the helper process (`shared_builder`): its tickets.
+        self._pending: dict[Sdpa, tuple[PlanBuilder, int]] = {}
 
     # ---- kernels ----------------------------------------------------------------------------
 
@@ -398,12 +398,11 @@ class Runtime:
         """Send an attention graph to the helper process; False: build it here instead."""
         if not self.executables or not worker_enabled():
             return False
-        if self._builder is None or self._builder.lost:
-            try:
-                self._builder = PlanBuilder(self.gpu.index)
-            except OSError:
-                return False
-        self._pending[step] = self._builder.submit(graph_spec(step))
+        try:
+            builder = shared_builder(self.gpu.index)
+        except OSError:
+            return False
+        self._pending[step] = builder, builder.submit(graph_spec(step))
         return True
 
     def _collect(self, step: Sdpa, timeout: float | None = 0.0) -> bool:
@@ -414,8 +413,8 @@ class Runtime:
         """
         if step not in self._pending:
             return False
-        assert self._builder is not None
-        found = self._builder.result(self._pending[step], timeout)
+        builder, ticket = self._pending[step]
+        found = builder.result(ticket, timeout)
         if found is None:
             return True
         del self._pending[step]
@@ -447,10 +446,9 @@ class Runtime:
 
     def close(self) -> None:
         """Free the memory the runtime holds (its plans' executables are closed first)."""
-        if self._builder is not None:
-            self._builder.close()
-            self._builder = None
-            self._pending.clear()
+        for builder, ticket in self._pending.values():
+            builder.discard(ticket)
+        self._pending.clear()
         self.guard.forget()
         for address in (self.weights, self.resident, *(p.address for p in self.pools.values())):
             if address:

@@ -4,7 +4,8 @@ cuDNN compiles a kernel for each attention shape (40-700 ms a shape on an H200),
 frontend holds the interpreter's lock while it does, so a thread would stall the serving thread
 just as long. The runtime (`knopt.cuda.executor.Runtime`) therefore builds the attention plans
 of the first size it runs itself and hands those of later sizes to a child process, started on
-first need: `python -m knopt.cuda.sdpa_worker DEVICE`. The child builds each graph, serializes
+first need and shared by every runtime of the process (`shared_builder`): `python -m
+knopt.cuda.sdpa_worker DEVICE`. The child builds each graph, serializes
 its plan, and the runtime loads the bytes (about 5 ms) when they are back; until then the step
 runs knopt's own attention kernel, which is correct and slower on long sequences.
 
@@ -92,7 +93,9 @@ class PlanBuilder:
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
         )
         self._lock = threading.Condition()
+        self._writing = threading.Lock()
         self._results: dict[int, bytes | BuildFailed] = {}
+        self._dropped: set[int] = set()  # tickets whose answer nobody will collect
         self._lost: str | None = None
         self._next = 0
         self._reader = threading.Thread(target=self._read, name="knopt-sdpa-plans", daemon=True)
@@ -108,8 +111,9 @@ class PlanBuilder:
         try:
             stdin = self._process.stdin
             assert stdin is not None
-            stdin.write(request)
-            stdin.flush()
+            with self._writing:
+                stdin.write(request)
+                stdin.flush()
         except (OSError, ValueError) as err:  # a broken pipe, or closed
             with self._lock:
                 self._lost = self._lost or f"cannot reach the helper process ({err})"
@@ -130,6 +134,12 @@ class PlanBuilder:
             if self._lost is not None:
                 return BuildFailed(self._lost, lost=True)
             return None
+
+    def discard(self, ticket: int) -> None:
+        """Forget a request: its answer, now or when it comes, is dropped."""
+        with self._lock:
+            if self._results.pop(ticket, None) is None:
+                self._dropped.add(ticket)
 
     @property
     def lost(self) -> bool:
@@ -155,7 +165,11 @@ class PlanBuilder:
                     if len(found) != int(header["size"]):
                         break
                 with self._lock:
-                    self._results[int(header["id"])] = found
+                    ticket = int(header["id"])
+                    if ticket in self._dropped:
+                        self._dropped.discard(ticket)
+                    else:
+                        self._results[ticket] = found
                     self._lock.notify_all()
         except (OSError, ValueError, KeyError) as err:
             why = f"unreadable reply from the helper process ({err})"
@@ -163,6 +177,25 @@ class PlanBuilder:
         with self._lock:
             self._lost = why if code is None else f"the helper process exited (code {code})"
             self._lock.notify_all()
+
+
+_SHARED: dict[int, PlanBuilder] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_builder(device: int) -> PlanBuilder:
+    """The process's helper for CUDA device `device`, started on first need (again if lost).
+
+    Every runtime of the process shares it: one more process and CUDA context in all.
+
+    Raises:
+        OSError: If the process cannot be started.
+    """
+    with _SHARED_LOCK:
+        builder = _SHARED.get(device)
+        if builder is None or builder.lost:
+            builder = _SHARED[device] = PlanBuilder(device)
+        return builder
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import pytest
@@ -76,6 +76,35 @@ def test_a_helper_that_dies_is_reported_lost_not_waited_for() -> None:
         builder.close()
 
 
+def test_one_helper_serves_the_process_until_it_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Helper:
+        lost = False
+
+        def __init__(self, device: int) -> None:
+            self.device = device
+
+    monkeypatch.setattr(sdpa_worker, "PlanBuilder", Helper)
+    monkeypatch.setattr(sdpa_worker, "_SHARED", {})
+    first = cast(Any, sdpa_worker.shared_builder(0))
+    assert id(sdpa_worker.shared_builder(0)) == id(first)
+    assert id(sdpa_worker.shared_builder(1)) != id(first)
+    first.lost = True
+    again = cast(Any, sdpa_worker.shared_builder(0))
+    assert id(again) != id(first) and again.device == 0
+
+
+def test_an_answer_discarded_is_not_kept() -> None:
+    builder = PlanBuilder(command=[sys.executable, "-c", _ECHO])
+    try:
+        early, late = builder.submit(_spec(0.125)), builder.submit(_spec(0.25))
+        builder.discard(early)  # before its answer came
+        assert isinstance(builder.result(late, timeout=30), bytes)
+        assert builder.result(early, timeout=0.0) is None
+        assert not builder._results and not builder._dropped
+    finally:
+        builder.close()
+
+
 def test_a_graph_spec_is_the_steps_views_scale_and_mask() -> None:
     case = Case(DType.BF16, 2, 4, 64, 64, 64, 64, "export", "padding")
     plan = build_plan(attention_program(case, _mask(case, np.random.default_rng(0))))
@@ -126,8 +155,8 @@ class _Builder:
     def result(self, ticket: int, timeout: float | None = 0.0) -> bytes | BuildFailed | None:
         return self.answers.get(ticket)
 
-    def close(self) -> None:
-        self.lost = True
+    def discard(self, ticket: int) -> None:
+        self.answers.pop(ticket, None)
 
 
 def _executables(monkeypatch: pytest.MonkeyPatch, lengths: tuple[int, ...]) -> tuple[Any, ...]:
@@ -138,8 +167,12 @@ def _executables(monkeypatch: pytest.MonkeyPatch, lengths: tuple[int, ...]) -> t
     module = types.ModuleType("knopt.cuda.dnn")
     module.Dnn = _Dnn  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "knopt.cuda.dnn", module)
-    monkeypatch.setattr(executor, "PlanBuilder", _Builder)
     _Builder.made.clear()
+
+    def shared(device: int) -> _Builder:
+        return _Builder.made[0] if _Builder.made else _Builder(device)
+
+    monkeypatch.setattr(executor, "shared_builder", shared)
     runtime = executor.Runtime()
     made = []
     for length in lengths:
