@@ -16,12 +16,14 @@ top-left causal mask when s == t and its bottom-right one otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import cudnn
 
-from knopt.cuda.sdpa_worker import DTYPE_NAMES, graph_spec
+from knopt.cuda.sdpa_worker import DTYPE_NAMES, graph_spec, serve
 from knopt.cuda.steps import Sdpa
 from knopt.errors import CudaError
 from knopt.ir.dtype import DType
@@ -127,3 +129,22 @@ def _inference_sdpa(graph: Any, q: Any, k: Any, v: Any, options: dict[str, Any])
     except TypeError:  # a frontend from before `generate_stats` (it took `is_inference`)
         out, _ = graph.sdpa(q=q, k=k, v=v, is_inference=True, **options)
     return out
+
+
+def main(argv: Sequence[str]) -> None:
+    """The helper process of `knopt.cuda.sdpa_worker`: plans for CUDA device `argv[0]`.
+
+    Replies go to the descriptor that was stdout; whatever the libraries print goes to stderr.
+    Runs until stdin closes.
+    """
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    from cuda.core import Device
+
+    Device(int(argv[0])).set_current()
+    handle = cudnn.create_handle()
+    serve(sys.stdin.buffer, replies, lambda spec: bytes(build_graph(handle, spec).serialize()))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

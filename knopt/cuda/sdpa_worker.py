@@ -5,7 +5,7 @@ frontend holds the interpreter's lock while it does, so a thread would stall the
 just as long. The runtime (`knopt.cuda.executor.Runtime`) therefore builds the attention plans
 of the first size it runs itself and hands those of later sizes to a child process, started on
 first need and shared by every runtime of the process (`shared_builder`): `python -m
-knopt.cuda.sdpa_worker DEVICE`. The child builds each graph, serializes
+knopt.cuda.sdpa DEVICE`, whose loop is `serve` here. The child builds each graph, serializes
 its plan, and the runtime loads the bytes (about 5 ms) when they are back; until then the step
 runs knopt's own attention kernel, which is correct and slower on long sequences.
 
@@ -33,6 +33,7 @@ from typing import IO, Any
 from knopt.cuda.steps import AttentionView, Sdpa
 from knopt.ir.dtype import DType
 
+HELPER = "knopt.cuda.sdpa"  # the module the helper process runs (its `__main__`)
 WORKER_ENV = "KNOPT_SDPA_WORKER"  # "0": build every attention plan in the running process
 DTYPE_NAMES = {DType.F16: "f16", DType.BF16: "bf16"}
 
@@ -86,7 +87,7 @@ class PlanBuilder:
     """
 
     def __init__(self, device: int = 0, command: Sequence[str] | None = None) -> None:
-        argv = list(command) if command else [sys.executable, "-m", __name__, str(device)]
+        argv = list(command) if command else [sys.executable, "-m", HELPER, str(device)]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
         self._process = subprocess.Popen(
@@ -220,22 +221,3 @@ def serve(requests: IO[bytes], replies: IO[bytes], build: Callable[[Any], bytes]
             replies.write(json.dumps({"id": request["id"], "size": len(blob)}).encode() + b"\n")
             replies.write(blob)
         replies.flush()
-
-
-def main(argv: Sequence[str]) -> None:
-    """The helper process: plans for CUDA device `argv[0]`, until stdin closes."""
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # library chatter must not reach replies
-    from cuda.core import Device
-
-    Device(int(argv[0])).set_current()
-    import cudnn
-
-    from knopt.cuda.sdpa import build_graph
-
-    handle = cudnn.create_handle()
-    serve(sys.stdin.buffer, replies, lambda spec: bytes(build_graph(handle, spec).serialize()))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
