@@ -20,6 +20,10 @@ In one process, on one stream, interleaved round by round, timed with CUDA event
 
 Each timing is the median over rounds of the CUDA-event time of a CUDA graph of `inner`
 launches, divided by `inner` (graphs keep Python's launch overhead out of microsecond kernels).
+knopt's launches keep programmatic dependent launch, as in its programs: the rule's stream GEMV
+at M = 1 loads its weight while the launch ahead of it finishes (StreamConfig.early), so back to
+back its loads overlap the one before; `KNOPT_PDL=0` times every launch after the last has
+finished, and `--ms 1` with it narrows a run to that row.
 Every product is checked against torch before it is timed. Targets (issue #14): int8 GEMM
 >= 1.6x fp16 throughput at 4096^3 and above; W4A16 at M = 1 >= 2.5x faster than fp16.
 Then a whole model (benchmarks/quantized_bert.py, skipped with --no-models): BERT-base at
@@ -312,6 +316,7 @@ EXTRA_GEMV = (
 # candidates built for latency at M = 1 (K split over warps, activations loaded ahead).
 EXTRA_STREAM = (
     *DEFAULT_STREAM,
+    StreamConfig(1, rows=4),  # the rule's pick without early weight loads
     StreamConfig(1, rows=1),
     StreamConfig(1, rows=1, unroll=8),
     StreamConfig(1, unroll=2),
@@ -405,7 +410,7 @@ def _w4a16_methods(
         cold = [weight] + [_w4_weight(n, k, weight.block, seed) for seed in range(1, copies)]
         plan = w4.plan(m, n, k, bench.sm_count, blas=bench.blas)
         methods["knopt W4A16 cold"] = W4Launch(bench, kernels, plan, a, cold)
-        for config in (DEFAULT_STREAM[0], *STREAM_CANDIDATES):
+        for config in (DEFAULT_STREAM[0], StreamConfig(1, rows=4), *STREAM_CANDIDATES):
             stream = _variant_name(config)
             if stream in methods:  # checked above
                 plan = w4.plan(m, n, k, bench.sm_count, config=config)
@@ -566,6 +571,9 @@ def main() -> int:
         help="only W4A16, M from 1 to 1024, every kernel configuration and route, cold M = 1",
     )
     parser.add_argument(
+        "--ms", help="with --w4a16-only: the values of M, comma-separated (default 1 to 1024)"
+    )
+    parser.add_argument(
         "--no-models", action="store_true", help="the products only, not the quantized BERT-base"
     )
     parser.add_argument(
@@ -585,6 +593,8 @@ def main() -> int:
     print("\n".join(TABLE_HEADER), flush=True)
     if args.w4a16_only:
         ms = [1, 8, 16, 128, 1024] if args.quick else W4_MS
+        if args.ms:
+            ms = [int(m) for m in args.ms.split(",")]
         rows = w4a16_rows(bench, ms, 4096, 4096, 128, rounds, variants=True)
     else:
         sizes = [1024, 4096] if args.quick else [1024, 2048, 4096, 8192]

@@ -29,11 +29,25 @@ typedef long long i64;
 // a trigger only counts once every block of this grid has given it, so none of this grid's blocks
 // waits for room behind them. Without the launch attribute both instructions do nothing; below
 // sm_90 the macro is empty.
+//
+// A kernel that streams constants no kernel ever writes (a weight: knopt uploads those before
+// the first launch and keeps them apart from the arena) may read them before it waits, so that
+// their loads overlap the kernel ahead: it opens with KN_PDL_OPEN(true), which only lets the
+// kernels behind start, and reaches KN_PDL_WAIT() before it touches any other memory.
+// KN_PDL_OPEN(false) is KN_PDL_BEGIN().
 #if __CUDA_ARCH__ >= 900
 #define KN_PDL_BEGIN() \
   asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#define KN_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define KN_PDL_OPEN(early)                                                  \
+  do {                                                                      \
+    if (!(early)) KN_PDL_WAIT();                                            \
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");         \
+  } while (0)
 #else
 #define KN_PDL_BEGIN() ((void)0)
+#define KN_PDL_WAIT() ((void)0)
+#define KN_PDL_OPEN(early) ((void)0)
 #endif
 
 // ---- type facts ------------------------------------------------------------------------

@@ -16,7 +16,11 @@
 //     rounded once; "split" pairs) and multiplied by A in T's paired FMAs: the products of one
 //     piece are summed in T, 8 a half (two chains: even and odd words), then in fp32;
 //   * the lanes' sums meet by warp shuffles, then (SPLIT > 1) the parts' in shared memory, in
-//     part order, after one barrier: no atomic, no second pass.
+//     part order, after one barrier: no atomic, no second pass;
+//   * EARLY (the kernel opens with KN_PDL_OPEN(true), codegen/common.cuh): the ring's first U
+//     pieces of codes, scales and zero points are loaded before the wait for the kernel ahead,
+//     so they stream in while it finishes; A, the bias and Y are touched only after it. Only
+//     for a weight no kernel writes (knopt/cuda/w4a16.py: StreamConfig.early).
 // Needs K % 8 == 0 and K_pad % 32 == 0, as the mma kernels (knopt/cuda/w4a16.py checks both).
 #pragma once
 #include "w4a16.cuh"
@@ -220,7 +224,7 @@ template <typename T, int BLOCK, int R, int C, bool AHEAD> struct Slot {
 // of 1024), that one, whose pieces past the row (lanes from pieces % 32 on) reread the lane's
 // first piece, against zero activations. Pieces go through the ring at immediate offsets from
 // pointers that step U of the part's rounds a turn.
-template <typename T, int BLOCK, int C, int R, int U, int SPLIT, bool AHEAD>
+template <typename T, int BLOCK, int C, int R, int U, int SPLIT, bool AHEAD, bool EARLY>
 __device__ __forceinline__ void stream_part(float acc[R][C], const T* __restrict__ a,
                                             const u8* __restrict__ b,
                                             const T* __restrict__ scales,
@@ -254,6 +258,7 @@ __device__ __forceinline__ void stream_part(float acc[R][C], const T* __restrict
   Slot<T, BLOCK, R, C, AHEAD> ring[U];
 #pragma unroll
   for (int j = 0; j < U; ++j) fill(ring[j], 0, j);
+  if constexpr (EARLY) KN_PDL_WAIT();  // A (AHEAD is off) and Y only from here on
   for (int base = 0; base < rounds; base += U) {
 #pragma unroll
     for (int j = 0; j < U; ++j) {
@@ -274,7 +279,8 @@ __device__ __forceinline__ void stream_part(float acc[R][C], const T* __restrict
 }
 
 // Y = A @ W^T + bias: R rows of W a row group of SPLIT warps, WARPS / SPLIT groups a block.
-template <typename T, int BLOCK, int C, int R, int U, int WARPS, int SPLIT, bool AHEAD>
+template <typename T, int BLOCK, int C, int R, int U, int WARPS, int SPLIT, bool AHEAD,
+          bool EARLY>
 __device__ __forceinline__ void stream_gemv(const T* __restrict__ a, const u8* __restrict__ b,
                                             const T* __restrict__ scales,
                                             const u8* __restrict__ zeros,
@@ -282,18 +288,19 @@ __device__ __forceinline__ void stream_gemv(const T* __restrict__ a, const u8* _
                                             int n, int k) {
   static_assert(R * C <= 32, "a lane stores each of the warp's outputs");
   static_assert(WARPS % SPLIT == 0, "a block holds whole row groups");
+  static_assert(!(EARLY && AHEAD), "activations are never read before the wait");
   const int warp = threadIdx.x >> 5;
   const int first = (blockIdx.x * (WARPS / SPLIT) + warp / SPLIT) * R;
   float acc[R][C] = {};
   if constexpr (SPLIT == 1) {
     if (first >= n) return;  // no barrier follows: a warp past N leaves whole
-    stream_part<T, BLOCK, C, R, U, 1, AHEAD>(acc, a, b, scales, zeros, m, n, k, first, 0);
+    stream_part<T, BLOCK, C, R, U, 1, AHEAD, EARLY>(acc, a, b, scales, zeros, m, n, k, first, 0);
     const int lane = threadIdx.x & 31;
     const float mine = lane_sums<R, C>(acc);
     if (lane < R * C) store1<T>(mine, first + lane / C, lane % C, m, n, bias, y);
   } else {
-    if (first < n) {  // a group past N still reaches the barrier
-      stream_part<T, BLOCK, C, R, U, SPLIT, AHEAD>(acc, a, b, scales, zeros, m, n, k, first,
+    if (first < n) {  // a group past N still reaches the barrier (and stores nothing)
+      stream_part<T, BLOCK, C, R, U, SPLIT, AHEAD, EARLY>(acc, a, b, scales, zeros, m, n, k, first,
                                                    warp % SPLIT);
     }
     split_store<T, R, C, WARPS, SPLIT>(acc, first, m, n, bias, y);

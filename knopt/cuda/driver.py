@@ -88,7 +88,7 @@ def launch_config(
         block: Threads per block.
         shared: Bytes of dynamic shared memory.
         pdl: Launch with programmatic stream serialization: only for a kernel that opens with
-            `KN_PDL_BEGIN()`, on a device where `pdl_enabled`.
+            `KN_PDL_BEGIN()` (or `KN_PDL_OPEN`), on a device where `pdl_enabled`.
     """
     return core.LaunchConfig(
         grid=grid, block=block, shmem_size=shared, programmatic_stream_serialization=pdl

@@ -116,7 +116,11 @@ class StreamConfig:
     each warp one of `split` parts of K (whose sums meet in shared memory), and each lane keeps
     `unroll` 16-byte loads of codes of every one of them in flight, with the activations they
     meet if `ahead` (else those are loaded just before their use). A block holds
-    `warps / split` row groups.
+    `warps / split` row groups. With `early`, the first `unroll` loads of every row are issued
+    before the kernel waits for the one ahead of it on the stream (programmatic dependent
+    launch, knopt/cuda/driver.py), so the weight streams in while that kernel finishes: only
+    for a weight, scales and zero points no kernel writes (`W4A16Operands`), and not with
+    `ahead` (activations are the kernel ahead's output).
 
     Raises:
         CodegenError: If a knob is out of range, or its registers would not fit a thread.
@@ -128,6 +132,7 @@ class StreamConfig:
     warps: int = 4
     split: int = 1
     ahead: bool = False
+    early: bool = False
 
     def __post_init__(self) -> None:
         if not (
@@ -141,6 +146,11 @@ class StreamConfig:
             raise CodegenError(
                 f"stream GEMV {self}: needs cols 1..{STREAM_MAX_M}, rows 1, 2, 4 or 8, unroll "
                 "1..8, warps 1..32 and split 1, 2, 4 or 8 dividing warps"
+            )
+        if self.early and self.ahead:
+            raise CodegenError(
+                f"stream GEMV {self}: early loads the weight before the kernel ahead has "
+                "finished, and ahead loads activations (its output) with it: pick one"
             )
         if self.registers > _REGISTER_STEPS[-1]:
             raise CodegenError(
@@ -157,7 +167,8 @@ class StreamConfig:
     def suffix(self) -> str:
         """The kernel name's tail."""
         base = f"stream_c{self.cols}_r{self.rows}_u{self.unroll}_w{self.warps}"
-        return base + (f"_k{self.split}" if self.split > 1 else "") + ("_a" if self.ahead else "")
+        tail = (f"_k{self.split}" if self.split > 1 else "") + ("_a" if self.ahead else "")
+        return base + tail + ("_e" if self.early else "")
 
     @property
     def block_rows(self) -> int:
@@ -222,7 +233,7 @@ DEFAULT_GEMV = tuple(GemvConfig(split=s) for s in SPLITS)
 # Each holds the row groups of N = 4096 in one wave on 132 SMs (min_blocks) and 4 loads of
 # codes in flight a lane, 2 at 4 columns. At one column, 4 rows a warp was the fastest of
 # the 8 settings timed (4.7 us against 5.0-9.6); the others are the best guesses.
-DEFAULT_STREAM = (StreamConfig(1, rows=4), StreamConfig(2), StreamConfig(4, unroll=2))
+DEFAULT_STREAM = (StreamConfig(1, rows=4, early=True), StreamConfig(2), StreamConfig(4, unroll=2))
 # Stream GEMVs built for latency at M = 1 (N = K = 4096: 8.4 MB of weight, ~64 KB an SM of
 # 132), for benchmarks/quantized.py to time beside the rule's pick; the rule takes none yet.
 # Each loads all of a lane's share of codes (and with `ahead` activations) before using any,
@@ -242,6 +253,9 @@ KernelConfig = GemvConfig | StreamConfig | GemmConfig
 @dataclass(frozen=True)
 class W4A16Operands:
     """Device addresses of one product's tensors (0 where an optional one is absent).
+
+    The weight (`b`, `scales`, `zeros`) is a constant: no kernel on the stream may write it,
+    for the rule's stream GEMV reads it before the kernel ahead has finished (`StreamConfig`).
 
     Attributes:
         a: Activations [M, K], row-major, 16-byte aligned.
@@ -437,6 +451,7 @@ class W4A16:
                 WARPS=config.warps,
                 SPLIT=config.split,
                 AHEAD=str(config.ahead).lower(),
+                EARLY=str(config.early).lower(),
                 MIN_BLOCKS=config.min_blocks,
             )
         if isinstance(config, GemmConfig):

@@ -67,6 +67,16 @@ def test_every_ir_kind_has_a_device_function() -> None:
 def test_each_kernel_waits_for_the_kernel_ahead_before_anything_else(name: str) -> None:
     # knopt launches its kernels with programmatic dependent launch (knopt/cuda/driver.py): one
     # that touched memory before KN_PDL_BEGIN() could race with the kernel ahead of it.
+    # A kernel opening with KN_PDL_OPEN(early) may load constants first (codegen/common.cuh)
+    # and must then reach KN_PDL_WAIT() in the code it runs, behind the same compile-time flag.
     text = template(name)
-    body = text[text.index("{", text.index('extern "C" __global__')) + 1 :]
-    assert body.lstrip().startswith("KN_PDL_BEGIN();")
+    body = text[text.index("{", text.index('extern "C" __global__')) + 1 :].lstrip()
+    if body.startswith("KN_PDL_OPEN("):
+        flag = body[len("KN_PDL_OPEN(") : body.index(")")]
+        assert re.fullmatch(r"@[A-Z]+@", flag), flag  # rendered true or false per kernel
+        assert flag in body[body.index(")") :]  # passed on to the code that waits
+        headers = re.findall(r'#include "([\w.]+)"', text)
+        code = "".join(template(h) for h in headers)
+        assert re.search(r"if constexpr \(\w+\) KN_PDL_WAIT\(\);", code)
+        return
+    assert body.startswith("KN_PDL_BEGIN();")

@@ -50,10 +50,13 @@ def test_w4a16_kernels_compile_for_sm_90(tmp_path, monkeypatch) -> None:
     gemm = (GemmConfig(16, 4, split=2), GemmConfig(64, 2))
     stream = (
         (StreamConfig(1, rows=1, unroll=1), StreamConfig(1, rows=4, unroll=2, warps=8, split=2)),
-        (StreamConfig(2, rows=2, unroll=2, warps=8), StreamConfig(1, rows=8, unroll=1, split=4)),
+        (
+            StreamConfig(2, rows=2, unroll=2, warps=8),
+            StreamConfig(1, rows=8, unroll=1, split=4, early=True),
+        ),
         (StreamConfig(3, rows=4, unroll=1), StreamConfig(2, rows=2, unroll=2, split=4, ahead=True)),
         (StreamConfig(4, rows=1, unroll=8), StreamConfig(1, rows=2, warps=16, split=8)),
-        (StreamConfig(1, rows=4, unroll=4), StreamConfig(1, rows=4, unroll=4, ahead=True)),
+        (StreamConfig(1, rows=4, early=True), StreamConfig(1, rows=4, unroll=4, ahead=True)),
     )
     formats = [
         W4A16(
@@ -129,7 +132,7 @@ def test_unknown_formats_are_refused() -> None:
 @pytest.mark.parametrize(
     ("m", "n", "kernel", "grid"),
     [
-        (1, 4096, "stream_c1_r4_u4_w4", (256, 1, 1)),  # 1024 warps: 7.8 an SM
+        (1, 4096, "stream_c1_r4_u4_w4_e", (256, 1, 1)),  # 1024 warps: 7.8 an SM
         (2, 4096, "gemv_w8_d4_s1", (256, 1, 1)),  # 256 tiles fill 132 SMs
         (8, 4096, "gemv_w8_d4_s1", (256, 1, 1)),
         (1, 1024, "gemv_w8_d4_s4", (64, 1, 4)),  # 64 tiles: K split 4 ways in a cluster
@@ -189,7 +192,7 @@ def test_configs_outside_the_module_are_refused() -> None:
 @pytest.mark.parametrize(
     ("m", "n", "kernel", "grid"),
     [
-        (1, 4096, "stream_c1_r4_u4_w4", (256, 1, 1)),  # 1024 warps: 7 an SM at least
+        (1, 4096, "stream_c1_r4_u4_w4_e", (256, 1, 1)),  # 1024 warps: 7 an SM at least
         (2, 4096, "stream_c2_r2_u4_w4", (512, 1, 1)),
         (3, 4096, "stream_c4_r2_u2_w4", (512, 1, 1)),  # the fewest columns holding M
         (4, 11008, "stream_c4_r2_u2_w4", (1376, 1, 1)),
@@ -220,6 +223,7 @@ def test_up_to_its_limit_m_the_rule_takes_the_stream_gemv(
         ({"split": 8}, "dividing warps"),  # 4 warps a block
         ({"cols": 2, "rows": 4, "unroll": 8}, "about 290 registers"),
         ({"cols": 2, "rows": 4, "unroll": 4, "ahead": True}, "about 334 registers"),
+        ({"ahead": True, "early": True}, "pick one"),
     ],
 )
 def test_stream_knobs_out_of_range_are_refused(knobs: dict[str, Any], message: str) -> None:
@@ -507,6 +511,8 @@ STREAM_VARIANTS = tuple(
             StreamConfig(2, rows=1, unroll=2, warps=8),
             StreamConfig(2, rows=8, unroll=1, warps=8, split=8),
             StreamConfig(4, rows=2, unroll=2, split=2, ahead=True),
+            StreamConfig(2, rows=2, unroll=2, warps=8, split=2, early=True),
+            StreamConfig(1, rows=1, unroll=1, early=True),
             *STREAM_CANDIDATES,
         )
     )
@@ -616,3 +622,77 @@ def test_every_route_at_m512_n4096_k4096_also_in_a_graph(device: Device, blas: A
             ours = device.get(operands.y, (m, n), NUMPY[dtype]).astype(np.float64)
             where = f"{plan.kernel} {'in a graph' if graph else 'eagerly'}"
             np.testing.assert_allclose(ours, rounded, rtol=ulp, atol=ulp * peak, err_msg=where)
+
+
+# A kernel that copies `src` into `a` after spinning `spin` clocks: the kernel ahead of an early
+# stream GEMV, writing the activations it reads (knopt's kernels let the next start at once).
+SLOW_COPY = r"""
+#include "common.cuh"
+extern "C" __global__ void slow_copy(__half* a, const __half* src, int count, long long spin) {
+  KN_PDL_BEGIN();
+  const long long start = clock64();
+  while (clock64() - start < spin) {
+  }
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
+    a[i] = src[i];
+  }
+}
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "config",
+    [
+        StreamConfig(1, rows=4, early=True),
+        StreamConfig(2, rows=2, unroll=2, warps=8, split=2, early=True),
+    ],
+    ids=lambda c: c.suffix,
+)
+def test_an_early_stream_gemv_reads_what_the_kernel_ahead_wrote(
+    device: Device, config: StreamConfig
+) -> None:
+    # The early GEMV loads its weight while the kernel ahead still runs, but its activations
+    # only after that kernel has written them: here they are zero until a slow kernel copies
+    # them in, eagerly and in a CUDA graph (where the launches keep their programmatic edges).
+    from knopt.cuda import nvrtc
+
+    m, n, k, block, dtype = config.cols, 4096, 4096, 128, DType.F16
+    gpu = device.gpu
+    copy = gpu.load(nvrtc.compile_cubin(SLOW_COPY, gpu.arch), ["slow_copy"])["slow_copy"]
+    w4 = _only(dtype, block, config)
+    kernels = _kernels(device, w4)
+    rng = np.random.default_rng(4096)
+    weight = random_nbits(rng, n, k, block, dtype, True)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    rounded = a.astype(np.float64) @ weight.dequantized(dtype).T
+    ulp, peak = 2.0**-10, float(np.abs(rounded).max())
+    plan = w4.plan(m, n, k, device.sm_count, config=config)
+    assert plan.config == config
+    zeros = np.zeros_like(a)
+    operands = W4A16Operands(
+        a=device.put(zeros),
+        b=device.put(weight.b),
+        scales=device.put(weight.scales),
+        zeros=device.put(weight.zeros),
+        y=device.empty(m * n * 2),
+    )
+    src = device.put(a)
+    args = (operands.a, src, np.int32(a.size), np.int64(200_000))  # ~0.1 ms of spinning
+    for graph in (False, True):
+        gpu.upload(operands.a, zeros)
+        gpu.fill(operands.y, 0xFF, m * n * 2)
+        if graph:
+            gpu.begin_capture()
+            gpu.launch(copy, (4, 1, 1), (256, 1, 1), 0, args)
+            plan.enqueue(gpu, kernels, operands)
+            executable = gpu.end_capture()
+            gpu.replay(executable)
+            gpu.sync()
+            gpu.release_graph(executable)
+        else:
+            gpu.launch(copy, (4, 1, 1), (256, 1, 1), 0, args)
+            plan.enqueue(gpu, kernels, operands)
+        ours = device.get(operands.y, (m, n), np.float16).astype(np.float64)
+        where = f"{plan.kernel} {'in a graph' if graph else 'eagerly'}"
+        np.testing.assert_allclose(ours, rounded, rtol=ulp, atol=ulp * peak, err_msg=where)
