@@ -39,10 +39,13 @@ typedef long long i64;
 #define KN_PDL_BEGIN() \
   asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
 #define KN_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
-#define KN_PDL_OPEN(early)                                                  \
-  do {                                                                      \
-    if (!(early)) KN_PDL_WAIT();                                            \
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");         \
+#define KN_PDL_OPEN(early)                                                \
+  do {                                                                    \
+    if (early) {                                                          \
+      asm volatile("griddepcontrol.launch_dependents;" ::: "memory");     \
+    } else {                                                              \
+      KN_PDL_BEGIN();                                                     \
+    }                                                                     \
   } while (0)
 #else
 #define KN_PDL_BEGIN() ((void)0)

@@ -16,8 +16,9 @@ the ones that take other values at other sizes become kernel parameters, passed 
   template's parameters gives back its source text (`Template.instance_source`), which
   tests check.
 - Literals in places that need compile-time constants are never lifted: preprocessor lines,
-  template argument lists (`kn::Vec<float, 4>`), `__launch_bounds__`, `constexpr`
-  initializers, `case` labels and anything written alone between brackets (array sizes).
+  template argument lists (`kn::Vec<float, 4>`), `__launch_bounds__`, `__cluster_dims__`,
+  `constexpr` initializers, `case` labels and anything written alone between brackets (array
+  sizes).
   These lexical rules hold for knopt's own generated code, which writes comparisons with
   spaces around `<` and templates without. Numbers inside comments and strings are text.
 
@@ -81,7 +82,9 @@ _TOKEN = re.compile(
     re.VERBOSE | re.MULTILINE | re.DOTALL,
 )
 _FLOAT = re.compile(r"(?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?[fF]?|\d+[eE][+-]?\d+[fF]?")
-_PINNING_CALLS = frozenset({"__launch_bounds__", "static_assert", "alignas", "__align__"})
+_PINNING_CALLS = frozenset(
+    {"__launch_bounds__", "__cluster_dims__", "static_assert", "alignas", "__align__"}
+)
 _CODES = {kind: chr(ord("a") + i) for i, kind in enumerate(LiteralClass)}
 
 

@@ -47,7 +47,7 @@ def render(name: str, **values: object) -> str:
         raise CodegenError(f"codegen/{name}: {err}") from err
 
 
-HEADERS = ("common.cuh", "attention.cuh", "w4a16.cuh", "w4a16_stream.cuh")
+HEADERS = ("common.cuh", "attention.cuh", "gemv.cuh", "w4a16.cuh", "w4a16_stream.cuh")
 
 
 def headers() -> dict[str, str]:

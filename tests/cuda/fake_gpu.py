@@ -21,7 +21,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-_SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(')
+_SIGNATURE = re.compile(
+    r'extern "C" __global__ void\s+(?:__cluster_dims__\([^)]*\)\s+)?'
+    r"(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\("
+)
 _SCALARS = {
     "int": np.int32,
     "long long": np.int64,

@@ -103,10 +103,12 @@ def _kernels_of_every_family() -> str:
     """One translation unit with kernels of 14 of the templates.
 
     A transformer's, attention's (tensor-core and exact), the int8 GEMM's prologue and
-    epilogue, the int4 weights' (GEMV, GEMM, stream GEMV, dequantizer) and the resident
+    epilogue, the int4 weights' (GEMV, GEMM, stream GEMV with and without early weight loads,
+    dequantizer), the half-precision GEMV's (early, and not, in a cluster) and the resident
     caches' copy.
     """
-    from knopt.cuda.gen import attention
+    from knopt.cuda.gen import attention, gemv
+    from knopt.cuda.gen.indexing import named
     from knopt.cuda.int8_epilogue import Int8Epilogue, prologue_source
     from knopt.cuda.templates import render
     from knopt.cuda.w4a16 import W4A16, GemmConfig, GemvConfig, StreamConfig
@@ -122,8 +124,14 @@ def _kernels_of_every_family() -> str:
         prologue_source(),
         Int8Epilogue(DType.I8).source(),
         W4A16(
-            DType.F16, 128, (GemvConfig(split=2),), (GemmConfig(64, 2),), (StreamConfig(1),)
+            DType.F16,
+            128,
+            (GemvConfig(split=2),),
+            (GemmConfig(64, 2),),
+            (StreamConfig(1), StreamConfig(1, rows=4, early=True)),
         ).source(),
+        named("gemv", gemv.kernel_source(DType.F16, 1, 1, True))[1],
+        named("gemv", gemv.kernel_source(DType.BF16, 8, 4, False))[1],
         render("copy_rows.cu", NAME="copy_rows_f16", T="__half"),
     ]
     return '#include "common.cuh"\n' + "\n".join(sources)
@@ -132,15 +140,33 @@ def _kernels_of_every_family() -> str:
 def test_every_kernel_waits_before_it_touches_global_memory_on_sm_90() -> None:
     _nvrtc()
     ptx = _ptx(_kernels_of_every_family(), "compute_90")
+    # A kernel that lets the kernels behind it start before it waits (KN_PDL_OPEN(true))
+    # loads its weight early, and only its weight: read-only loads, 16-byte ones not allocated
+    # in L1 (the weight; a W4A16 weight's scales and zero points are 2 and 1 bytes), where
+    # both kernels read their activations with 16-byte loads that are. Every other kernel
+    # touches nothing before the wait.
     kernels = ptx.split(".entry ")[1:]
     assert len(kernels) >= 10
+    early = 0
     for kernel in kernels:
         lines = kernel.splitlines()
         wait = next((i for i, line in enumerate(lines) if "griddepcontrol.wait;" in line), None)
         assert wait is not None, f"{lines[0]} never waits for the kernel ahead"
         touched = [line for line in lines[:wait] if _MEMORY.match(line)]
+        if any("griddepcontrol.launch_dependents;" in line for line in lines[:wait]):
+            early += 1
+            assert touched, f"{lines[0]} starts the kernels behind early but loads nothing"
+            weights = [
+                line
+                for line in touched
+                if "ld.global.nc.L1::no_allocate.v4." in line
+                or re.search(r"ld\.global\.nc\.u(8|16)\s", line)
+            ]
+            assert weights == touched, f"{lines[0]} touches more than its weight early: {touched}"
+            continue
         assert not touched, f"{lines[0]} touches memory before griddepcontrol.wait: {touched}"
         assert "griddepcontrol.launch_dependents;" in lines[wait + 1]
+    assert early == 2  # the W4A16 stream GEMV and the GEMV that load early
 
 
 def test_kernels_compile_without_grid_dependency_control_below_sm_90(tmp_path, monkeypatch) -> None:

@@ -5,7 +5,8 @@ residual, RELU) goes into the call, with an in-place elementwise kernel as its f
 the library decline at plan-building time. Any other epilogue runs as its own elementwise
 kernel over the library's result. Dtypes and ranks the libraries lack use direct kernels.
 
-Strict f32 GEMMs run as one 3xTF32 GEMM where `KNOPT_SPLIT_F32` opts in (`gen.split`);
+Strict f32 GEMMs run as one 3xTF32 GEMM where `KNOPT_SPLIT_F32` opts in (`gen.split`); a
+half-precision MatMul of a few rows by a weight runs as knopt's own GEMV (`gen.gemv`);
 convolutions whose output `knopt.cuda.gen.channels_last` stored channels last run so in cuDNN.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from knopt.cuda.cexpr import uses_acc
 from knopt.cuda.context import LoweringContext
-from knopt.cuda.gen import split
+from knopt.cuda.gen import gemv, split
 from knopt.cuda.gen.channels_last import is_channels_last, to_channels_last
 from knopt.cuda.gen.elementwise import (
     copy_launch,
@@ -188,11 +189,16 @@ def emit_matmul(ctx: LoweringContext, kernel: Kernel) -> None:
     fused = match_epilogue(ctx, kernel, conv=False)
     if fused is None or out.dtype != dtype:
         acc = _split_epilogue(ctx, kernel, shape, dtype)
-        ctx.emit(gemm_step(ctx, a, b, acc, FusedEpilogue()))
+        _emit_gemm(ctx, gemm_step(ctx, a, b, acc, FusedEpilogue()))
         _finish_split(ctx, kernel, acc)
         return
     fallback = _epilogue_launch(ctx, kernel) if kernel.epilogue is not None else None
-    ctx.emit(gemm_step(ctx, a, b, kernel.output, fused, fallback))
+    _emit_gemm(ctx, gemm_step(ctx, a, b, kernel.output, fused, fallback))
+
+
+def _emit_gemm(ctx: LoweringContext, step: Gemm) -> None:
+    """`step`, or knopt's GEMV computing it with its epilogue where it fits (`gen.gemv`)."""
+    ctx.emit(gemv.gemv_launch(step) if gemv.fits(ctx, step) else step)
 
 
 def _matrix(strides: tuple[int, ...], rows: int, cols: int) -> tuple[int, int] | None:
