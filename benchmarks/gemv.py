@@ -19,6 +19,7 @@ weight's bytes. Every method is checked against torch first. Needs a CUDA GPU an
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import statistics
 import sys
@@ -115,7 +116,7 @@ def methods(
     for split, _early in kernels:
         if split != chosen:
             found[f"knopt GEMV, split {split}"] = Linear(
-                lambda w, i, s=split: knopt_gemv(w, i, True, s), weights
+                functools.partial(knopt_gemv, early=True, split=split), weights
             )
     found["knopt cuBLASLt"] = Linear(cublaslt, weights)
     found["torch fp16"] = lambda: torch.matmul(a, next(turn))

@@ -134,7 +134,6 @@ def gpu(gpu_available: bool):
     return Gpu()
 
 
-
 def _run(gpu, dtype: DType, m: int, n: int, k: int, split: int, *, bias, residual, alpha, early):
     """One GEMV launch on random operands; returns (ours, float64 reference)."""
     import ml_dtypes
