@@ -245,6 +245,11 @@ STREAM_CANDIDATES = (
     StreamConfig(1, rows=8, unroll=2, split=2),  # 8 rows: half as many A loads a code
     StreamConfig(1, rows=4, unroll=1, split=4),  # one round a warp: 20 of 31 warps an SM at once
     StreamConfig(1, rows=2, unroll=1, warps=8, split=4),  # 32 of 62 warps an SM at once
+    # Weight loads before the wait for the kernel ahead (`early`), as the rule's pick:
+    StreamConfig(1, rows=2, early=True),  # 2 rows: twice the warps
+    StreamConfig(1, rows=4, unroll=2, warps=8, split=2, early=True),  # all of K early
+    StreamConfig(1, rows=4, unroll=1, split=4, early=True),  # all of K early, 4x the warps
+    StreamConfig(1, rows=8, unroll=2, split=2, early=True),  # all of K early, half the A loads
 )
 DEFAULT_GEMM = tuple(GemmConfig(bm, gemm_depth(bm), s) for bm in GEMM_BMS for s in SPLITS)
 KernelConfig = GemvConfig | StreamConfig | GemmConfig
