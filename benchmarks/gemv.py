@@ -41,9 +41,9 @@ from knopt.cuda.steps import Gemm, Operand  # noqa: E402
 from knopt.ir.dtype import DType  # noqa: E402
 
 SHAPES = [  # (layer, K, N)
-    ("q|k|v", 2048, 6144),
+    ("q/k/v", 2048, 6144),
     ("o", 2048, 2048),
-    ("gate|up", 2048, 11264),
+    ("gate/up", 2048, 11264),
     ("down", 5632, 2048),
     ("lm head", 2048, 32000),
 ]

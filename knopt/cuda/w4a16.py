@@ -16,7 +16,10 @@ Three routes, chosen per shape by `W4A16.plan` (Route):
   sums met by shuffles. The rule takes the stream GEMV at M <= STREAM_RULE_MAX_M (1) where
   N gives every SM STREAM_MIN_WARPS warps: measured on an H200 at N = K = 4096 it takes
   4.7 us at M = 1 (4 rows a warp) against the mma GEMV's 5.5, while at M = 2 and 4 the mma
-  GEMV is faster (5.3 against 6.1 us, 5.8 against 8.9).
+  GEMV is faster (5.3 against 6.1 us, 5.8 against 8.9). The rule's stream GEMV loads its
+  first pieces of the weight before it waits for the kernel ahead (`StreamConfig.early`):
+  back to back 3.9-4.0 us against 4.5 (weights out of L2: 4.4-4.5 against 5.4), 2.5x and
+  2.8-3.0x torch's fp16 GEMV.
 * GEMM, larger M: the weight tile in registers, A staged in shared memory by cp.async, K split
   over a cluster likewise.
 * DEQUANTIZE, M >= DEQUANTIZE_MIN_M with a cuBLASLt handle: the weight dequantized to A's type

@@ -20,6 +20,12 @@ Each block owns 64 columns of the weight and shares K with the other SPLIT block
 block cluster, SPLIT chosen so the grid has TARGET_BLOCKS blocks where K allows; the sums meet
 in a fixed order (deterministic results). Sizes are launch arguments: one kernel per type,
 column count (1, 2, 4 or 8 rows of A held) and split.
+
+Measured on an H200 (benchmarks/gemv.py, the 16-layer decoder of benchmarks/decode.py, fresh
+weights each launch; benchmarks/RESULTS.md, 2026-12-04): at M = 1 1.02-1.65x cuBLASLt's speed
+(the small O and down projections gain most), at M = 2 0.97-1.42x, at M = 4 0.58-0.81x (its
+fp32 FMAs on the CUDA cores), hence MAX_ROWS = 2; the fastest split of every layer gave
+128-192 blocks. A batch-1 decoding step went from 1.008 to 0.914 ms.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from knopt.cuda.templates import render
 from knopt.ir.dtype import DType
 
 ENV = "KNOPT_GEMV"
-MAX_ROWS = 2  # measured (module docstring): at 8 rows cuBLASLt is twice as fast
+MAX_ROWS = 2  # measured (module docstring): from 4 rows cuBLASLt is faster
 TILE = 64  # columns of W a block (codegen/gemv.cu: 8 lanes of 8 columns)
 THREADS = 256
 K_LANES = THREADS // 8  # k-lanes a block: each takes chunks of 8 rows of W
