@@ -16,6 +16,7 @@ from knopt.ir import Graph, GraphBuilder, Value
 from knopt.ir.dtype import DType
 from knopt.ir.program import Program
 from tests.cuda.programs import compare, loaded_nvrtc
+from tests.models import MODELS
 from tests.rules.helpers import graph_of, random_feeds
 
 F32 = DType.F32
@@ -265,3 +266,58 @@ def test_programs_with_the_gemv_match_the_cpu(precision: str, m: int) -> None:
     program = _optimized(graph)
     assert _steps(program, precision)[0]
     compare(program, random_feeds(graph, np.random.default_rng(m)), precision=precision)
+
+
+def test_a_decoders_steps_take_the_gemv_and_its_prefill_cublaslt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The fixture decoder through a session with resident caches, on the stand-in GPU: in
+    # every plan made (the sizes run and those warmed), linear layers of a few rows (decoding
+    # steps) are GEMVs and longer ones (the prompt) cuBLASLt's.
+    pytest.importorskip("cuda.core", reason="the cuda runner needs cuda-python (not a GPU)")
+    from knopt.cuda import runner
+    from tests.cuda.fake_gpu import fake_gpu
+
+    plans = []
+    build = runner.build_plan
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        plans.append(build(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(runner, "build_plan", spy)
+    caches = {
+        f"present.{i}.{kv}": f"past_key_values.{i}.{kv}"
+        for i in range(2)
+        for kv in ("key", "value")
+    }
+    model = MODELS.parent / "decoder" / "llama_kv_ts17.onnx"
+    with fake_gpu(monkeypatch):
+        session = knopt.compile(
+            model,
+            "cuda",
+            precision="fp16",
+            dims={"batch": (1, 1, 2), "seq": (1, 4, 8), "past": (0, 8, 100)},
+            resident=caches,
+            cache_mask="attention_mask",
+        )
+        ones = np.ones((1, 4), np.int64)
+        feeds = {"input_ids": ones, "attention_mask": ones, "position_ids": np.arange(4)[None]}
+        session.run(["logits"], feeds)
+        step = {
+            "input_ids": np.ones((1, 1), np.int64),
+            "attention_mask": np.ones((1, 5), np.int64),
+            "position_ids": np.array([[4]]),
+        }
+        session.run(["logits"], step)
+    gemv_rows, gemm_rows = [], []
+    for plan in plans:
+        for item in plan.steps:
+            if isinstance(item, Launch) and item.name.startswith("kn_gemv"):
+                gemv_rows.append(int(item.args[5]))  # type: ignore[arg-type]
+            elif isinstance(item, Gemm) and item.batch == 1:
+                weight = plan.buffers[plan.tensors[item.b.tensor].buffer].region == "constant"
+                gemm_rows.append(item.a.rows if weight else 0)
+    assert gemv_rows and set(gemv_rows) <= set(range(1, gemv.MAX_ROWS + 1))
+    assert any(rows > gemv.MAX_ROWS for rows in gemm_rows)  # the prompt's
+    assert not [rows for rows in gemm_rows if 0 < rows <= gemv.MAX_ROWS]
