@@ -281,7 +281,7 @@ def test_a_decoders_steps_take_the_gemv_and_its_prefill_cublaslt(
     plans = []
     build = runner.build_plan
 
-    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def spy(*args, **kwargs):
         plans.append(build(*args, **kwargs))
         return plans[-1]
 
