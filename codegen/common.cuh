@@ -53,6 +53,18 @@ typedef long long i64;
 #define KN_PDL_OPEN(early) ((void)0)
 #endif
 
+// 16 bytes of a weight, read once: through the read-only path without allocating in L1 (which
+// keeps what is read again, such as activations). Volatile: never speculated past the guard that
+// keeps it inside the weight, and kept in program order with KN_PDL_WAIT(). The PTX test
+// recognises a weight load before the wait by this instruction.
+__device__ __forceinline__ uint4 load_once(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 // ---- type facts ------------------------------------------------------------------------
 
 template <typename T> struct is_int { static constexpr bool value = false; };

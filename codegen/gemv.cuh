@@ -47,15 +47,6 @@ __device__ __forceinline__ u32 word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// 16 bytes of W, read once: not allocated in L1. Volatile: kept in program order with the wait.
-__device__ __forceinline__ uint4 load_once(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 // Chunk `c` (rows 8c .. 8c + 7) of the thread's 8 columns, zeros past K or N.
 template <typename T>
 __device__ __forceinline__ void load_chunk(uint4 (&v)[8], const T* __restrict__ w, int c,
@@ -64,7 +55,7 @@ __device__ __forceinline__ void load_chunk(uint4 (&v)[8], const T* __restrict__ 
     const uint4* p = reinterpret_cast<const uint4*>(w + (size_t)(8 * c) * n + col);
     const size_t row = (size_t)n / 8;
 #pragma unroll
-    for (int r = 0; r < 8; ++r) v[r] = load_once(p + r * row);
+    for (int r = 0; r < 8; ++r) v[r] = kn::load_once(p + r * row);
   } else {
 #pragma unroll
     for (int r = 0; r < 8; ++r) v[r] = make_uint4(0u, 0u, 0u, 0u);

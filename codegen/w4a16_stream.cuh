@@ -27,16 +27,6 @@
 
 namespace w4 {
 
-// 16 bytes of codes, read without allocating in L1 (which keeps A). Volatile: never speculated
-// past the guard that keeps it inside the weight.
-__device__ __forceinline__ uint4 load_once(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 __device__ __forceinline__ float2 to_float2(__half2 v) { return __half22float2(v); }
 __device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
 
@@ -100,7 +90,7 @@ template <int BLOCK, int R> struct Piece {
     constexpr int S = Rows<BLOCK, R>::SCALES;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      q[r] = load_once(rows.code[r] + 32 * i);
+      q[r] = kn::load_once(rows.code[r] + 32 * i);
       if constexpr (BLOCK == 16) {
         scale[r] = __ldg(reinterpret_cast<const u32*>(rows.scale[r] + S * i));
       } else {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -157,3 +158,27 @@ def loaded_nvrtc() -> ModuleType:
     except (CudaError, RuntimeError) as err:
         pytest.skip(f"NVRTC cannot load: {err}")
     return nvrtc
+
+
+# A kernel that copies `src` into `a` (`count` halves) after spinning `spin` clocks: put ahead
+# of a kernel that loads its weight before it waits (KN_PDL_OPEN), it writes the activations
+# that kernel may read only after the wait (knopt's kernels let the next start at once).
+SLOW_COPY = r"""
+#include "common.cuh"
+extern "C" __global__ void slow_copy(__half* a, const __half* src, int count, long long spin) {
+  KN_PDL_BEGIN();
+  const long long start = clock64();
+  while (clock64() - start < spin) {
+  }
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
+    a[i] = src[i];
+  }
+}
+"""
+
+
+def slow_copy_kernel(gpu: Any) -> Any:
+    """SLOW_COPY compiled and loaded on `gpu` (a `knopt.cuda.driver.Gpu`)."""
+    from knopt.cuda import nvrtc
+
+    return gpu.load(nvrtc.compile_cubin(SLOW_COPY, gpu.arch), ["slow_copy"])["slow_copy"]

@@ -15,7 +15,7 @@ from knopt.cuda.steps import Gemm, Launch
 from knopt.ir import Graph, GraphBuilder, Value
 from knopt.ir.dtype import DType
 from knopt.ir.program import Program
-from tests.cuda.programs import compare, loaded_nvrtc
+from tests.cuda.programs import compare, loaded_nvrtc, slow_copy_kernel
 from tests.models import MODELS
 from tests.rules.helpers import graph_of, random_feeds
 
@@ -195,21 +195,6 @@ def test_results_are_the_same_every_run_and_without_early_loads(gpu) -> None:
     np.testing.assert_array_equal(first, late)
 
 
-# The kernel ahead of an early GEMV: copies `src` into `a` after spinning `spin` clocks.
-SLOW_COPY = r"""
-#include "common.cuh"
-extern "C" __global__ void slow_copy(__half* a, const __half* src, int count, long long spin) {
-  KN_PDL_BEGIN();
-  const long long start = clock64();
-  while (clock64() - start < spin) {
-  }
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
-    a[i] = src[i];
-  }
-}
-"""
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize("split", [1, 8])
 def test_an_early_gemv_reads_what_the_kernel_ahead_wrote(gpu, split: int) -> None:
@@ -219,7 +204,7 @@ def test_an_early_gemv_reads_what_the_kernel_ahead_wrote(gpu, split: int) -> Non
     from knopt.cuda.gen.indexing import named
 
     m, n, k = 2, 2048, 2048
-    copy = gpu.load(nvrtc.compile_cubin(SLOW_COPY, gpu.arch), ["slow_copy"])["slow_copy"]
+    copy = slow_copy_kernel(gpu)
     name, source = named("gemv", gemv.kernel_source(DType.F16, 2, split, True))
     kernel = gpu.load(nvrtc.compile_cubin(source, gpu.arch), [name])[name]
     rng = np.random.default_rng(5)

@@ -32,7 +32,7 @@ from knopt.cuda.w4a16 import (
 )
 from knopt.errors import CodegenError
 from knopt.ir.dtype import DType
-from tests.cuda.programs import loaded_nvrtc
+from tests.cuda.programs import loaded_nvrtc, slow_copy_kernel
 from tests.cuda.quant import NUMPY, Device, random_nbits
 
 SMS = 132  # an H200's multiprocessors
@@ -624,22 +624,6 @@ def test_every_route_at_m512_n4096_k4096_also_in_a_graph(device: Device, blas: A
             np.testing.assert_allclose(ours, rounded, rtol=ulp, atol=ulp * peak, err_msg=where)
 
 
-# A kernel that copies `src` into `a` after spinning `spin` clocks: the kernel ahead of an early
-# stream GEMV, writing the activations it reads (knopt's kernels let the next start at once).
-SLOW_COPY = r"""
-#include "common.cuh"
-extern "C" __global__ void slow_copy(__half* a, const __half* src, int count, long long spin) {
-  KN_PDL_BEGIN();
-  const long long start = clock64();
-  while (clock64() - start < spin) {
-  }
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
-    a[i] = src[i];
-  }
-}
-"""
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "config",
@@ -655,11 +639,9 @@ def test_an_early_stream_gemv_reads_what_the_kernel_ahead_wrote(
     # The early GEMV loads its weight while the kernel ahead still runs, but its activations
     # only after that kernel has written them: here they are zero until a slow kernel copies
     # them in, eagerly and in a CUDA graph (where the launches keep their programmatic edges).
-    from knopt.cuda import nvrtc
-
     m, n, k, block, dtype = config.cols, 4096, 4096, 128, DType.F16
     gpu = device.gpu
-    copy = gpu.load(nvrtc.compile_cubin(SLOW_COPY, gpu.arch), ["slow_copy"])["slow_copy"]
+    copy = slow_copy_kernel(gpu)
     w4 = _only(dtype, block, config)
     kernels = _kernels(device, w4)
     rng = np.random.default_rng(4096)
